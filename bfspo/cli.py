@@ -1,0 +1,55 @@
+"""The `bfspo` command line.
+
+Each subcommand lives in its own module, which defines `configure_parser(parser)` and
+`run(args) -> int`. Modules are imported only when their subcommand runs, so `bfspo prepare`
+never pays for importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bfspo.errors import BfspoError
+
+# subcommand -> (module, one-line help)
+COMMANDS = {
+    "prepare": ("bfspo.data", "normalise the raw benchmark files into one JSONL per split"),
+    "evaluate": ("bfspo.evaluate", "evaluate a model (optionally with a LoRA adapter) on one benchmark"),
+    "train": ("bfspo.trainer", "train one model with DAPO, BFS-PO or an ablation variant"),
+    "toy": ("bfspo.toy.cli", "build the embedded toy task and its tiny reasoning model"),
+    "tables": ("bfspo.tables", "build the paper's tables from evaluation summaries"),
+    "figures": ("bfspo.figures", "draw the Pareto, training-curve and backtracking figures"),
+    "tree": ("bfspo.tree_show", "render logged search trees as text"),
+    "report": ("bfspo.report", "log tables and figures to a W&B report run"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # Import only the module of the chosen subcommand (and none when asking for top-level help).
+    if argv and argv[0] in COMMANDS:
+        module, help_text = COMMANDS[argv[0]]
+        parser = argparse.ArgumentParser(prog=f"bfspo {argv[0]}", description=help_text)
+        mod = importlib.import_module(module)
+        mod.configure_parser(parser)
+        args = parser.parse_args(argv[1:])
+        runner = mod.run
+    else:
+        parser = argparse.ArgumentParser(prog="bfspo", description=__doc__.splitlines()[0])
+        parser.add_argument("command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v[1]}" for k, v in COMMANDS.items()))
+        parser.parse_args(argv)
+        return 2
+    try:
+        return int(runner(args) or 0)
+    except BfspoError as e:
+        print(f"bfspo {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"bfspo {argv[0]}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

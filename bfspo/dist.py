@@ -1,0 +1,75 @@
+"""Data parallelism under `torchrun`: each rank samples its share of the prompts, and the gradients
+of every mini-batch are summed across ranks before the optimizer step.
+
+The loss of a mini-batch is a token-mean over ALL ranks' unique tokens (Eq. 10's 1/|T|), so each
+rank divides its token sum by the global token count and the gradients are SUMMED (not averaged):
+the update then equals one process training on the whole global batch. Gradients are all-reduced
+by hand, one flat buffer per step, rather than through the DDP wrapper: a rank may hold an empty
+mini-batch (its trees are whole and of uneven size), and the wrapper's hooks cannot express that.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def setup() -> tuple[int, int]:
+    """(rank, world size); initialises the process group when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def sum_scalar(x: float) -> float:
+    """Sum a Python number over ranks."""
+    if world() == 1:
+        return float(x)
+    t = torch.tensor([float(x)], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def sum_gradients(params: list[torch.nn.Parameter]) -> None:
+    """All-reduce (sum) the gradients of `params` in one flat buffer; a missing grad counts as zero."""
+    if world() == 1:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p).clone()
+        offset += n
+
+
+def gather(obj) -> list:
+    """Every rank's `obj`, in rank order (a list of one on a single process)."""
+    if world() == 1:
+        return [obj]
+    out = [None] * world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if world() > 1:
+        dist.barrier()

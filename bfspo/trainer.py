@@ -1,0 +1,404 @@
+"""`bfspo train`: DAPO and BFS-PO with LoRA, one model on one training set.
+
+Each step (one training batch):
+1. rollout: build one search tree per question (Algorithm 1; K = 0 is DAPO's group of G), score
+   the leaves with the verifier, drop trees without signal (dynamic sampling, Eq. 2's constraint),
+   and repeat for at most `max_gen_rounds` rounds until the batch holds `train_batch_chains`
+   complete chains (Sec. 4.2: BFS-PO uses as many chains as DAPO uses sequences);
+2. rewards (Eq. 3-4, 8) and advantages (Eq. 9, or Eq. 1 for DAPO and the global variant);
+3. the old log-probs are fixed for the batch: one no-grad tree-packed forward (as verl recomputes
+   them), so the first ratio is exactly 1 whatever engine sampled the rollouts;
+4. `train_batch_chains / mini_batch_chains` optimizer steps, each on a mini-batch of whole trees,
+   with the clipped token-mean objective over the unique tree tokens (Eq. 10).
+
+The run directory holds config.json, metrics.jsonl, trees/, checkpoint/, the final adapter/ and,
+written last, done.json. Running the same command again resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from bfspo import checkpoint, dist
+from bfspo.advantages import assign_advantages, assign_rewards, keep_tree
+from bfspo.config import TrainConfig, load_config
+from bfspo.errors import BfspoError
+from bfspo.io import atomic_write_text, read_json, read_jsonl, write_json
+from bfspo.loss import policy_loss
+from bfspo.packing import pack_trees, packed_logprobs
+from bfspo.search import build_trees
+
+
+@dataclass
+class Question:
+    id: str
+    prompt_ids: list[int]
+    gold: str
+
+
+def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None) -> list[Question]:
+    """Tokenised prompts of the training set; an empty set or a prompt with no room for the budget is an error."""
+    from bfspo.benchmarks import get_benchmark
+    from bfspo.prompts import prompt_ids
+
+    get_benchmark(cfg.benchmark)
+    questions = []
+    for lineno, row in read_jsonl(cfg.train_data):
+        missing = [k for k in ("id", "question", "answer") if k not in row]
+        if missing:
+            raise BfspoError(f"{cfg.train_data}:{lineno}: missing field(s) {', '.join(missing)}")
+        ids = prompt_ids(tokenizer, cfg.benchmark, row["question"])
+        if max_positions is not None and len(ids) + cfg.budget > max_positions:
+            raise BfspoError(f"{cfg.train_data}:{lineno}: the prompt ({len(ids)} tokens) plus the budget "
+                             f"({cfg.budget}) exceed the model's {max_positions} positions")
+        questions.append(Question(str(row["id"]), ids, str(row["answer"])))
+    if not questions:
+        raise BfspoError(f"{cfg.train_data}: no training questions")
+    return questions
+
+
+def split_trees(trees: list, parts: int) -> list[list]:
+    """Whole trees into `parts` consecutive mini-batches of about equal chain counts (some may be empty)."""
+    chains = [len(t.leaves()) for t in trees]
+    total, groups, acc = sum(chains), [[] for _ in range(parts)], 0
+    for tree, c in zip(trees, chains):
+        groups[min(parts - 1, int(parts * acc / max(total, 1)))].append(tree)
+        acc += c
+    return groups
+
+
+def rollout_stats(trees: list) -> dict:
+    """Statistics of one step's rollouts (all generated trees, before filtering)."""
+    first = [t.segments[i].leaf for t in trees for i in t.leaves() if t.segments[i].iteration == 0]
+    leaves = [t.segments[i].leaf for t in trees for i in t.leaves()]
+    entropies = [h for t in trees for s in t.segments for h in s.entropy_after if not math.isnan(h)]
+    backtracks = [b["depth"] for t in trees for b in t.backtracking]
+    best = [min((t.segments[i].leaf.length for i in t.leaves() if t.segments[i].leaf.correct), default=None)
+            for t in trees]
+    best = [b for b in best if b is not None]
+    mean = lambda xs: float(np.mean(xs)) if len(xs) else float("nan")  # noqa: E731
+    return {
+        "reward_mean": mean([leaf.reward for leaf in first]),
+        "accuracy": mean([leaf.correct for leaf in first]),
+        "len_mean": mean([leaf.length for leaf in first]),
+        "len_max": max((leaf.length for leaf in first), default=0),
+        "accuracy_all_leaves": mean([leaf.correct for leaf in leaves]),
+        "len_mean_all_leaves": mean([leaf.length for leaf in leaves]),
+        "best_len_mean": mean(best),
+        "tree_depth_max": max((leaf.length for leaf in leaves), default=0),
+        "backtrack_depth_mean": mean(backtracks),
+        "backtracks": len(backtracks),
+        "entropy_mean": mean(entropies),
+        "entropy_max": max(entropies, default=float("nan")),
+    }
+
+
+def peak_memory_gb() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+class Trainer:
+    """Holds the model, optimizer, engine and data cursor of one run; `fit()` runs it to the end."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path):
+        from peft import LoraConfig, get_peft_model
+
+        from bfspo.engine import make_engine
+        from bfspo.model_io import default_device, load_model
+
+        self.cfg, self.run_dir = cfg, run_dir
+        self.rank, self.world = dist.setup()
+        if cfg.train_batch_chains % (cfg.mini_batch_chains * self.world):
+            raise BfspoError(f"config: train_batch_chains ({cfg.train_batch_chains}) must be a multiple of "
+                             f"mini_batch_chains x ranks ({cfg.mini_batch_chains} x {self.world})")
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        device = default_device()
+        if device.type == "cuda" and self.world > 1:
+            device = torch.device("cuda", torch.cuda.current_device())
+        base, self.tokenizer = load_model(cfg.model, device=device)
+        if cfg.gradient_checkpointing:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            base.enable_input_require_grads()
+        lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
+        try:
+            self.model = get_peft_model(base, lora)
+        except ValueError as e:
+            raise BfspoError(f"LoRA: {e}") from None
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.questions = load_questions(cfg, self.tokenizer, getattr(base.config, "max_position_embeddings", None))
+        engine_kw = {"batch_size": cfg.rollout_batch_size}
+        if cfg.engine == "vllm":
+            engine_kw.update(tensor_parallel_size=cfg.tensor_parallel_size,
+                             gpu_memory_utilization=cfg.gpu_memory_utilization, model_name=cfg.model)
+        self.engine = make_engine(cfg.engine, self.model, self.tokenizer, **engine_kw)
+        self.step, self.nonfinite, self.empty_steps = 0, 0, 0
+        self.cursors = [0] * self.world  # position of each rank in its share of the data order
+
+    # --- data -----------------------------------------------------------------------------------
+
+    def next_questions(self, n: int) -> list[Question]:
+        """The next n questions of this rank's share of the seeded data order (one epoch after another)."""
+        share = len(self.questions) // self.world or 1
+        out = []
+        for _ in range(n):
+            epoch, pos = divmod(self.cursors[self.rank], share)
+            order = np.random.default_rng([self.cfg.seed, epoch]).permutation(len(self.questions))
+            out.append(self.questions[order[(pos * self.world + self.rank) % len(self.questions)]])
+            self.cursors[self.rank] += 1
+        return out
+
+    def scorer(self, q: Question):
+        from bfspo.rewards import is_correct
+
+        def score(ids: list[int]) -> bool:
+            return is_correct(self.cfg.benchmark, self.tokenizer.decode(ids, skip_special_tokens=True), q.gold)
+        return score
+
+    # --- one step -------------------------------------------------------------------------------
+
+    def rollout(self) -> tuple[list, list, dict]:
+        """(batch trees, all generated trees, stats) for this rank's share of the batch: Algorithm 1,
+        rewards, advantages and dynamic sampling."""
+        cfg = self.cfg
+        target = cfg.train_batch_chains // self.world
+        per_tree = cfg.group_size * (cfg.k + 1)
+        kept, generated, rounds = [], [], 0
+        while rounds < cfg.max_gen_rounds and sum(len(t.leaves()) for t in kept) < target:
+            need = target - sum(len(t.leaves()) for t in kept)
+            qs = self.next_questions(math.ceil(need / per_tree))
+            seed = ((cfg.seed * 1_000_003 + self.step) * 64 + rounds) * 1024 + self.rank * 128
+            trees = build_trees(self.engine, [q.prompt_ids for q in qs], [self.scorer(q) for q in qs],
+                                group_size=cfg.group_size, k=cfg.k, budget=cfg.budget, selection=cfg.selection,
+                                temperature=cfg.temperature, top_p=cfg.top_p, seed=seed)
+            for q, tree in zip(qs, trees):
+                tree.meta.update(question_id=q.id, step=self.step, round=rounds, rank=self.rank)
+                assign_rewards(tree, overlong=cfg.overlong)
+                assign_advantages(tree, cfg.advantage)
+                if keep_tree(tree):
+                    kept.append(tree)
+            generated.extend(trees)
+            rounds += 1
+        batch, chains = [], 0
+        for tree in kept:  # whole trees, up to the chain budget of the batch
+            if batch and chains + len(tree.leaves()) > target:
+                break
+            batch.append(tree)
+            chains += len(tree.leaves())
+        stats = rollout_stats(generated)
+        stats.update(groups_kept=len(kept), groups_filtered=len(generated) - len(kept), gen_rounds=rounds,
+                     chains=chains, tokens_unique=sum(t.n_tokens for t in batch),
+                     tokens_total=sum(t.n_chain_tokens for t in batch),
+                     rollout_tokens=sum(t.n_tokens for t in generated))
+        return batch, generated, stats
+
+    def update(self, trees: list) -> dict:
+        """`train_batch_chains / mini_batch_chains` optimizer steps on whole-tree mini-batches (Eq. 10)."""
+        cfg = self.cfg
+        parts = cfg.train_batch_chains // cfg.mini_batch_chains
+        device = next(self.model.parameters()).device
+        packs = [pack_trees(g).to(device) if g else None for g in split_trees(trees, parts)]
+        self.model.eval()  # no dropout while fixing the old log-probs
+        with torch.no_grad():
+            for pk in packs:
+                if pk is not None:
+                    pk.old_logprobs = packed_logprobs(self.model, pk)[0].float()
+        self.model.train()
+        losses, stats = [], []
+        for pk in packs:
+            n_global = dist.sum_scalar(pk.n_entries if pk is not None else 0)
+            if n_global == 0:
+                continue
+            if pk is not None:
+                logp, _ = packed_logprobs(self.model, pk)
+                loss, st = policy_loss(logp, pk.old_logprobs, pk.advantages, eps_low=cfg.eps_low,
+                                       eps_high=cfg.eps_high, normalizer=n_global)
+                loss.backward()
+                stats.append(st)
+                local = float(loss.detach())
+            else:
+                local = 0.0
+            bad = dist.sum_scalar(0.0 if math.isfinite(local) else 1.0)
+            if bad:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.nonfinite += 1
+                tqdm.write(f"step {self.step}: non-finite loss skipped ({self.nonfinite} so far)")
+                if self.nonfinite > cfg.max_nonfinite:
+                    raise BfspoError(f"step {self.step}: {self.nonfinite} non-finite losses, more than "
+                                     f"max_nonfinite={cfg.max_nonfinite}; stopping")
+                continue
+            dist.sum_gradients(self.params)
+            if cfg.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            losses.append(dist.sum_scalar(local))
+        self.model.eval()
+        self.engine.sync_weights(self.model)
+        mean = lambda key: float(np.mean([s[key] for s in stats])) if stats else float("nan")  # noqa: E731
+        return {"loss": float(np.mean(losses)) if losses else float("nan"), "optimizer_steps": len(losses),
+                "clip_frac": mean("clip_frac"), "ratio_max": max((s["ratio_max"] for s in stats), default=1.0),
+                "approx_kl": mean("approx_kl"), "nonfinite": self.nonfinite}
+
+    # --- the run --------------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        return {"step": self.step, "nonfinite": self.nonfinite, "empty_steps": self.empty_steps,
+                "cursors": dist.gather(self.cursors[self.rank])}
+
+    def restore(self) -> None:
+        ckpt = checkpoint.latest(self.run_dir)
+        if ckpt is None:
+            return
+        state = checkpoint.load(ckpt, self.model, self.optimizer)
+        if len(state["cursors"]) != self.world:
+            raise BfspoError(f"{ckpt}: saved with {len(state['cursors'])} ranks, resumed with {self.world}")
+        self.step, self.nonfinite, self.empty_steps = state["step"], state["nonfinite"], state["empty_steps"]
+        self.cursors = list(state["cursors"])
+        metrics = self.run_dir / "metrics.jsonl"
+        if self.rank == 0 and metrics.exists():  # drop rows logged after the checkpoint
+            rows = [r for _, r in read_jsonl(metrics) if r["step"] <= self.step]
+            atomic_write_text(metrics, "".join(json.dumps(r) + "\n" for r in rows))
+        tqdm.write(f"resuming {self.run_dir} from step {self.step}")
+
+    def save_checkpoint(self) -> None:
+        state = self.state()
+        if self.rank == 0:
+            checkpoint.save(self.run_dir, self.model, self.optimizer, state)
+        dist.barrier()
+
+    def fit(self) -> None:
+        from bfspo import tracking
+
+        cfg = self.cfg
+        self.restore()
+        run = tracking.start(self.run_dir, cfg.to_dict(), project=cfg.wandb_project, group=cfg.wandb_group,
+                             job_type="train", name=cfg.run_name or self.run_dir.name, mode=cfg.wandb_mode,
+                             enabled=self.rank == 0)
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
+                   disable=self.rank != 0)
+        while self.step < cfg.steps:
+            self.step += 1
+            t0 = time.perf_counter()
+            batch, generated, roll = self.rollout()
+            t1 = time.perf_counter()
+            if dist.sum_scalar(len(batch)) == 0:
+                self.empty_steps += 1
+                if self.empty_steps >= cfg.max_empty_steps:
+                    raise BfspoError(f"step {self.step}: every tree of the last {self.empty_steps} batches was "
+                                     "filtered out (all answers right or all wrong); the data gives no signal "
+                                     "for this model")
+                upd = {"loss": float("nan"), "optimizer_steps": 0, "nonfinite": self.nonfinite}
+            else:
+                self.empty_steps = 0
+                upd = self.update(batch)
+            t2 = time.perf_counter()
+            self.log_step(roll, upd, generated, t1 - t0, t2 - t1, run)
+            if self.step % cfg.save_every == 0 or self.step == cfg.steps:
+                self.save_checkpoint()
+            bar.update(1)
+            bar.set_postfix(acc=f"{roll['accuracy']:.2f}", len=f"{roll['len_mean']:.0f}")
+        bar.close()
+        if self.rank == 0:
+            self.finish()
+        tracking.finish(run)
+        dist.barrier()
+
+    def log_step(self, roll: dict, upd: dict, generated: list, t_roll: float, t_train: float, run) -> None:
+        from bfspo import tracking
+
+        ranks = dist.gather(roll)
+        row = {"step": self.step}
+        for key in roll:
+            vals = [r[key] for r in ranks]
+            row[key] = float(sum(vals)) if key in ("groups_kept", "groups_filtered", "chains", "tokens_unique",
+                                                   "tokens_total", "rollout_tokens", "backtracks") \
+                else max(vals) if key in ("len_max", "tree_depth_max", "gen_rounds") else float(np.nanmean(vals))
+        row.update(upd)
+        row.update(rollout_s=t_roll, train_s=t_train,
+                   rollout_tok_s=row["rollout_tokens"] / max(t_roll, 1e-9),
+                   train_tok_s=row["tokens_unique"] / max(t_train, 1e-9),
+                   packing_gain=row["tokens_total"] / max(row["tokens_unique"], 1),
+                   peak_mem_gb=max(dist.gather(peak_memory_gb())))
+        trees = dist.gather([t.to_dict(decode=self.token_strings) for t in generated]) if self.cfg.log_trees else []
+        if self.rank == 0:
+            with (self.run_dir / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            if self.cfg.log_trees:
+                lines = [json.dumps(t) for part in trees for t in part]
+                atomic_write_text(self.run_dir / "trees" / f"step_{self.step:05d}.jsonl",
+                                  "".join(line + "\n" for line in lines))
+            tracking.log(run, row, step=self.step)
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        return [self.tokenizer.decode([i]) for i in ids]
+
+    def finish(self) -> None:
+        """The final adapter (through a temporary folder), then done.json last."""
+        final, tmp = self.run_dir / "adapter", self.run_dir / "adapter.tmp"
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        write_json(self.run_dir / "done.json", {"steps": self.step, "method": self.cfg.method,
+                                                "adapter": str(final), "nonfinite": self.nonfinite})
+
+
+def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> bool:
+    """Create the run directory and record the config; False if the run already finished.
+
+    Resuming with a different config is an error: the checkpoint would not match the command.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if (run_dir / "done.json").exists():
+        return False
+    saved = run_dir / "config.json"
+    if saved.exists() and read_json(saved) != cfg.to_dict():
+        old = read_json(saved)
+        diff = sorted(k for k in set(old) | set(cfg.to_dict()) if old.get(k) != cfg.to_dict().get(k))
+        raise BfspoError(f"{run_dir} holds a run with a different config ({', '.join(diff)}); "
+                         "use another --output-dir or delete it")
+    write_json(saved, cfg.to_dict())
+    return True
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file of TrainConfig fields (see bfspo/config.py)")
+    p.add_argument("--set", nargs="+", default=[], action="extend", metavar="KEY=VALUE",
+                   help="override config fields, e.g. --set k=3 advantage=global")
+    p.add_argument("--output-dir", required=True, help="run directory (resumed if it holds a checkpoint)")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set)
+    run_dir = Path(args.output_dir)
+    rank, _ = dist.setup()
+    fresh = prepare_run_dir(cfg, run_dir) if rank == 0 else True
+    if not dist.gather(fresh)[0]:
+        print(f"{run_dir}: already finished (done.json exists)")
+        return 0
+    try:
+        Trainer(cfg, run_dir).fit()
+    finally:
+        dist.teardown()
+    return 0

@@ -1,0 +1,30 @@
+"""Shared fixtures. Tests never reach a model hub: every model is built here, offline."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+TINY_CORPUS = [
+    "Please reason step by step, and put your final answer within \\boxed{}.",
+    "Tom has 3 apples. He buys 4 more apples. 3 + 4 = 7. The answer is \\boxed{7}.",
+    "A shop sells 12 pens a day for 5 days. 12 * 5 = 60. So the answer is \\boxed{60}.",
+    "Which of the following is a prime number? A. 4 B. 6 C. 7 D. 9. The answer is \\boxed{C}.",
+    "Let x = 2/3 of 12. Then x = 8 and 12 - 8 = 4. Therefore #### 4",
+] * 20
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A Qwen2-architecture model with random weights and a BPE tokenizer trained offline."""
+    from bfspo.toy.model import new_model, save_model_dir, train_tokenizer
+
+    tok = train_tokenizer(TINY_CORPUS, vocab_size=320)
+    model = new_model(tok, hidden_size=32, layers=2, heads=4, kv_heads=2, seed=0)
+    return save_model_dir(model, tok, tmp_path_factory.mktemp("tiny_model"))

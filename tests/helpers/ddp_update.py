@@ -1,0 +1,26 @@
+"""One `Trainer.update` on fixed trees, under torchrun or alone (used by tests/test_trainer.py).
+
+usage: python ddp_update.py MODEL TRAIN_DATA TREES_JSONL OUT_DIR
+Rank r trains on trees r, r + world, ... and saves its LoRA weights to OUT_DIR/rank{r}.pt.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from bfspo import dist
+from bfspo.config import TrainConfig
+from bfspo.tree import SearchTree
+from bfspo.trainer import Trainer
+
+model, data, trees_file, out = sys.argv[1:5]
+cfg = TrainConfig(model=model, train_data=data, k=2, group_size=4, budget=24, train_batch_chains=16,
+                  mini_batch_chains=8, lr=1e-2, threads=1)
+trainer = Trainer(cfg, Path(out))
+trees = [SearchTree.from_dict(json.loads(line)) for line in Path(trees_file).read_text().splitlines()]
+trainer.update(trees[trainer.rank::trainer.world])
+state = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if v.requires_grad}
+torch.save(state, Path(out) / f"rank{trainer.rank}.pt")
+dist.teardown()

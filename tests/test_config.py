@@ -1,0 +1,53 @@
+"""TrainConfig: defaults from the paper, YAML + key=value overrides, and clear errors."""
+
+import pytest
+
+from bfspo.config import TrainConfig, load_config, parse_overrides
+from bfspo.errors import BfspoError
+
+
+def test_paper_defaults():
+    cfg = TrainConfig(model="m", train_data="d")
+    assert (cfg.k, cfg.group_size, cfg.lora_r, cfg.lora_alpha, cfg.lr, cfg.weight_decay) == (3, 8, 8, 16, 1e-6, 0.01)
+    assert (cfg.eps_low, cfg.eps_high, cfg.train_batch_chains, cfg.mini_batch_chains) == (0.2, 0.28, 512, 32)
+    assert cfg.method == "bfspo"
+
+
+@pytest.mark.parametrize("overrides, method", [
+    ({"k": 0}, "dapo"),
+    ({"selection": "entropy"}, "no_bfs"),
+    ({"advantage": "global"}, "global"),
+    ({"overlong": False}, "no_overlong"),
+])
+def test_method_names(overrides, method):
+    assert TrainConfig(model="m", train_data="d", **overrides).method == method
+
+
+def test_overrides_are_yaml_scalars(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("model: m\ntrain_data: d\nk: 1\n")
+    cfg = load_config(str(f), ["k=2", "lr=1e-3", "overlong=false", "lora_target_modules=[q_proj, v_proj]"])
+    assert (cfg.k, cfg.lr, cfg.overlong, cfg.lora_target_modules) == (2, 1e-3, False, ["q_proj", "v_proj"])
+    assert parse_overrides(["wandb_group=null"]) == {"wandb_group": None}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model=m", "train_data=d", "kk=3"], "unknown key(s) kk"),
+    (["model=m"], "missing required key(s) train_data"),
+    (["model=m", "train_data=d", "selection=greedy"], "selection must be one of"),
+    (["model=m", "train_data=d", "advantage=local"], "advantage must be one of"),
+    (["model=m", "train_data=d", "k=-1"], "k must be an integer >= 0"),
+    (["model=m", "train_data=d", "budget=0"], "budget must be a positive integer"),
+    (["model=m", "train_data=d", "train_batch_chains=48", "mini_batch_chains=32"], "must be a multiple"),
+    (["model=m", "train_data=d", "lr=fast"], "lr must be a number"),
+    (["model=m", "train_data=d", "overlong=maybe"], "overlong must be true or false"),
+    (["model"], "not of the form key=value"),
+])
+def test_bad_config_names_the_problem(overrides, message):
+    with pytest.raises(BfspoError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, overrides)
+
+
+def test_missing_config_file():
+    with pytest.raises(BfspoError, match="no such config file"):
+        load_config("/nonexistent.yaml", [])

@@ -1,0 +1,158 @@
+"""`bfspo train` end to end on CPU with a tiny model: outputs, resume after a kill, bad input,
+and data parallelism under torchrun (2 processes, gloo)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bfspo.tree import SearchTree
+
+HELPERS = Path(__file__).parent / "helpers"
+ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def train_data(tmp_path_factory):
+    rows = [{"id": str(i), "question": f"Tom has {i} apples and buys 3 more. How many?", "answer": str(i % 10)}
+            for i in range(24)]
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def train_args(model_dir, data, out, **overrides):
+    values = dict(model=model_dir, train_data=data, benchmark="gsm8k_train", k=2, group_size=4, budget=24, steps=2,
+                  train_batch_chains=16, mini_batch_chains=8, lr=1e-2, save_every=1, max_empty_steps=50, threads=1)
+    values.update(overrides)
+    return [sys.executable, "-m", "bfspo.cli", "train", "--output-dir", str(out),
+            "--set", *[f"{k}={v}" for k, v in values.items()]]
+
+
+def run_train(*args, **overrides):
+    return subprocess.run(train_args(*args, **overrides), env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def test_train_writes_a_complete_run(tiny_model_dir, train_data, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    proc = run_train(tiny_model_dir, train_data, out, steps=2)
+    assert proc.returncode == 0, proc.stderr
+    done = json.loads((out / "done.json").read_text())
+    assert done["steps"] == 2 and done["method"] == "bfspo"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("loss", "clip_frac", "reward_mean", "accuracy", "len_mean", "len_max", "tokens_unique",
+                "tokens_total", "groups_kept", "groups_filtered", "gen_rounds", "tree_depth_max",
+                "backtrack_depth_mean", "entropy_mean", "rollout_tok_s", "train_tok_s", "peak_mem_gb", "nonfinite"):
+        assert key in rows[0], key
+    assert all(r["tokens_total"] >= r["tokens_unique"] for r in rows)
+    trees = [SearchTree.from_dict(json.loads(line)) for line in (out / "trees" / "step_00001.jsonl").read_text().splitlines()]
+    assert trees and all(len(t.segments[i].token_ids) > 0 for t in trees for i in t.leaves())
+    assert all(t.n_tokens <= t.n_chain_tokens for t in trees)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = PeftModel.from_pretrained(base, out / "adapter")
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert lora_b and any(p.abs().sum() > 0 for p in lora_b), "no optimizer step changed the adapter"
+    rerun = run_train(tiny_model_dir, train_data, out, steps=2)
+    assert rerun.returncode == 0 and "already finished" in rerun.stdout
+
+
+def test_dapo_is_k0_groups_of_g(tiny_model_dir, train_data, tmp_path):
+    out = tmp_path / "dapo"
+    proc = run_train(tiny_model_dir, train_data, out, k=0, steps=1)
+    assert proc.returncode == 0, proc.stderr
+    trees = [json.loads(line) for line in (out / "trees" / "step_00001.jsonl").read_text().splitlines()]
+    assert all(len(t["leaves"]) == 4 and not t["backtracking"] for t in trees)
+    assert json.loads((out / "done.json").read_text())["method"] == "dapo"
+
+
+def test_resume_after_kill(tiny_model_dir, train_data, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "resume"
+    proc = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=5), env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (out / "checkpoint" / "COMPLETE").exists():
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "done.json").exists(), "the run finished before it could be killed"
+    resumed = run_train(tiny_model_dir, train_data, out, steps=5)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr + resumed.stdout
+    assert json.loads((out / "done.json").read_text())["steps"] == 5
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5]
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / "adapter")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"model": "/nonexistent/model"}, "no such model directory"),
+    ({"train_data": "/nonexistent.jsonl"}, "no such file"),
+    ({"benchmark": "nope"}, "unknown benchmark"),
+    ({"budget": 4000}, "exceed the model's"),
+])
+def test_bad_input_fails_clearly(tiny_model_dir, train_data, tmp_path, overrides, message):
+    out = tmp_path / "bad"
+    proc = run_train(tiny_model_dir, train_data, out, **overrides)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert not (out / "done.json").exists()
+
+
+def test_empty_dataset(tiny_model_dir, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    proc = run_train(tiny_model_dir, empty, tmp_path / "run")
+    assert proc.returncode == 2 and "no training questions" in proc.stderr
+
+
+def test_resuming_with_another_config_is_refused(tiny_model_dir, train_data, tmp_path):
+    out = tmp_path / "run"
+    (out).mkdir()
+    (out / "config.json").write_text(json.dumps({"model": "other"}))
+    proc = run_train(tiny_model_dir, train_data, out)
+    assert proc.returncode == 2 and "different config" in proc.stderr
+
+
+@pytest.mark.slow
+def test_two_ranks_match_one_process(tiny_model_dir, train_data, tmp_path):
+    """torchrun with 2 CPU processes (gloo): both ranks end with identical LoRA weights, equal to one
+    process updating on the same global batch (same trees, same mini-batches)."""
+    from bfspo.config import TrainConfig
+    from bfspo.trainer import Trainer
+
+    torch.set_num_threads(1)
+    cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(train_data), k=2, group_size=4, budget=24,
+                      selection="entropy", train_batch_chains=16, mini_batch_chains=8, threads=1)
+    _, generated, _ = Trainer(cfg, tmp_path / "rollout").rollout()
+    trees = [t for t in generated if len(t.leaves()) == 12][:4]
+    assert len(trees) == 4 and any(s.advantage for t in trees for s in t.segments)
+    trees_file = tmp_path / "trees.jsonl"
+    trees_file.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trees))
+    script = [str(HELPERS / "ddp_update.py"), str(tiny_model_dir), str(train_data), str(trees_file)]
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, launcher in ((one, [sys.executable]),
+                          (two, [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                 "--master_port", "29533"])):
+        out.mkdir()
+        proc = subprocess.run(launcher + script + [str(out)], env=ENV, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    single, r0, r1 = (torch.load(p) for p in (one / "rank0.pt", two / "rank0.pt", two / "rank1.pt"))
+    assert single.keys() == r0.keys() == r1.keys()
+    for k in single:
+        assert torch.equal(r0[k], r1[k]), k
+        torch.testing.assert_close(r0[k], single[k], atol=1e-6, rtol=1e-5)
+    assert any(single[k].abs().sum() > 0 for k in single if "lora_B" in k)
