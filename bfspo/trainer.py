@@ -145,11 +145,15 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.questions = load_questions(cfg, self.tokenizer, getattr(base.config, "max_position_embeddings", None))
-        engine_kw = {"batch_size": cfg.rollout_batch_size}
-        if cfg.engine == "vllm":
-            engine_kw.update(tensor_parallel_size=cfg.tensor_parallel_size,
-                             gpu_memory_utilization=cfg.gpu_memory_utilization, model_name=cfg.model)
-        self.engine = make_engine(cfg.engine, self.model, self.tokenizer, **engine_kw)
+        if cfg.engine == "vllm":  # vLLM has top-k log-probs only: entropies come from the training side
+            from bfspo.rescore import RescoredEngine
+
+            self.engine = RescoredEngine(make_engine(
+                "vllm", self.model, self.tokenizer, model_path=cfg.model, batch_size=cfg.rollout_batch_size,
+                tensor_parallel_size=cfg.tensor_parallel_size, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                max_model_len=getattr(base.config, "max_position_embeddings", None)), self.model)
+        else:
+            self.engine = make_engine("transformers", self.model, self.tokenizer, batch_size=cfg.rollout_batch_size)
         self.step, self.nonfinite, self.empty_steps = 0, 0, 0
         self.cursors = [0] * self.world  # position of each rank in its share of the data order
 

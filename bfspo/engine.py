@@ -1,0 +1,237 @@
+"""Rollout engines: sample n continuations of many contexts, with per-token log-probs and entropies.
+
+Every engine implements `RolloutEngine`. The transformers engine below runs on CPU and GPU and
+shares the trained model object; the vLLM engine (bfspo/vllm_engine.py) is imported only when
+selected.
+
+Log-probs and entropies are those of pi_old: taken from the model's raw logits at temperature 1,
+before top-p, in float32. They are the numbers the trainer needs for the importance ratio (Eq. 5)
+and for entropy-based backtracking (Sec. 3.2), whatever temperature or top-p the sampling used.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from bfspo.errors import BfspoError
+
+
+@dataclass
+class Completion:
+    """One sampled continuation of a context."""
+
+    token_ids: list[int]  # generated tokens, EOS included if the model stopped
+    logprobs: list[float]  # log pi(token_t | context, tokens_<t): raw logits, temperature 1, before top-p
+    entropies: list[float]  # entropies[t]: entropy of the full distribution token t was drawn from
+    finished: bool  # True when the completion ended with EOS (not cut by the budget)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, contexts: Sequence[Sequence[int]], n: int, max_new_tokens: Sequence[int] | int, *,
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None) -> list[list[Completion]]:
+        """n completions per context (contexts are full token ids: prompt + prefix); temperature 0 = greedy."""
+
+    def sync_weights(self, model) -> None:
+        """Make the engine sample from `model`'s current weights."""
+
+
+def per_context_budgets(max_new_tokens: Sequence[int] | int, n_contexts: int) -> list[int]:
+    """One generation budget per context from an int or a per-context sequence."""
+    budgets = [max_new_tokens] * n_contexts if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(budgets) != n_contexts:
+        raise ValueError(f"max_new_tokens has {len(budgets)} entries for {n_contexts} contexts")
+    if any(not isinstance(b, int) or b < 0 for b in budgets):
+        raise ValueError(f"max_new_tokens must be non-negative integers, got {budgets}")
+    return budgets
+
+
+def check_sampling_args(contexts: Sequence[Sequence[int]], n: int, temperature: float, top_p: float) -> None:
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if any(len(c) == 0 for c in contexts):
+        raise ValueError("every context needs at least one token")
+
+
+def eos_token_ids(tokenizer, model=None) -> set[int]:
+    """The tokenizer's EOS id together with every EOS id of the model's generation config."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if config_eos is not None:
+        ids.update([config_eos] if isinstance(config_eos, int) else config_eos)
+    if not ids:
+        raise BfspoError("the tokenizer and the model's generation config define no EOS token")
+    return ids
+
+
+def logprobs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-softmax and entropy of each row of `logits` (..., V), in float32.
+
+    H = -sum_v p_v log p_v, computed as a batched dot product so that p * log p is never stored.
+    Half-precision logits are cast once and normalised in place; `logits` itself is never changed.
+    """
+    as_float = logits.float()
+    lse = torch.logsumexp(as_float, dim=-1, keepdim=True)
+    logp = as_float.sub_(lse) if as_float is not logits else as_float - lse
+    entropy = -(logp.exp().unsqueeze(-2) @ logp.unsqueeze(-1)).squeeze(-1).squeeze(-1)
+    return logp, entropy
+
+
+def sample_next(logp: torch.Tensor, temperature: float, top_p: float,
+                generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token per row from softmax(logp / temperature) restricted to the top-p nucleus.
+
+    Temperature 0 is greedy (argmax). The nucleus keeps the most probable tokens whose cumulative
+    mass before them is below top_p, so it always holds at least the argmax.
+    """
+    if temperature == 0:
+        return logp.argmax(dim=-1)
+    probs = torch.softmax(logp / temperature, dim=-1)
+    if top_p < 1:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_p.cumsum(dim=-1) - sorted_p >= top_p
+        probs = probs.scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@contextmanager
+def rollout_mode(model: torch.nn.Module):
+    """No dropout and no autograd while sampling; every module's train/eval flag is restored after.
+
+    The flags are put back one by one (not with model.train()), so the caller's mix of modes and
+    every parameter's requires_grad are left exactly as they were.
+    """
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
+class TransformersEngine:
+    """Batched sampling with a transformers causal LM (plain or peft-wrapped), on CPU or GPU.
+
+    Each context is prefilled once; its KV cache is then repeated n times along the batch
+    (a copy, no recompute) for its n continuations, which a lean decode loop extends one token at
+    a time. Contexts are left-padded, with an attention mask and per-row position ids. Rows stop at
+    EOS or at their context's budget and leave the batch, so short rows cost nothing after they end.
+
+    batch_size: the most sequences (contexts x n) decoded at once; the n continuations of one
+      context always run together, even when n > batch_size. progress: show a tqdm bar.
+    """
+
+    def __init__(self, model, tokenizer, batch_size: int = 64, progress: bool = False,
+                 desc: str = "generate"):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.progress = progress
+        self.desc = desc
+        self.eos_ids = eos_token_ids(tokenizer, model)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(self.eos_ids)
+
+    def sync_weights(self, model) -> None:
+        """Nothing to copy: the engine samples from the very model object that is trained."""
+        self.model = model
+
+    def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None):
+        check_sampling_args(contexts, n, temperature, top_p)
+        budgets = per_context_budgets(max_new_tokens, len(contexts))
+        results: list[list[Completion]] = [[Completion([], [], [], False) for _ in range(n)] for _ in contexts]
+        device = next(self.model.parameters()).device
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(seed)
+        # Longest first, so each chunk holds contexts of similar length (little padding).
+        todo = sorted((i for i in range(len(contexts)) if budgets[i] > 0), key=lambda i: -len(contexts[i]))
+        per_chunk = max(1, self.batch_size // n)
+        bar = tqdm(total=len(todo) * n, desc=self.desc, unit="seq", disable=not self.progress, leave=False)
+        with rollout_mode(self.model), bar:
+            for start in range(0, len(todo), per_chunk):
+                chunk = todo[start:start + per_chunk]
+                done = self._generate_chunk([contexts[i] for i in chunk], [budgets[i] for i in chunk], n,
+                                            temperature, top_p, generator, device, bar)
+                for i, completions in zip(chunk, done):
+                    results[i] = completions
+        return results
+
+    def _generate_chunk(self, contexts, budgets, n, temperature, top_p, generator, device, bar):
+        from transformers import DynamicCache
+
+        lengths = torch.tensor([len(c) for c in contexts], device=device)
+        width = int(lengths.max())
+        input_ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long, device=device)
+        mask = torch.zeros((len(contexts), width), dtype=torch.long, device=device)
+        for row, ctx in enumerate(contexts):
+            input_ids[row, width - len(ctx):] = torch.tensor(list(ctx), device=device)
+            mask[row, width - len(ctx):] = 1
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        # Share each context's prefill among its n continuations: row r continues context r // n.
+        logits = out.logits[:, -1].repeat_interleave(n, dim=0)
+        cache.batch_repeat_interleave(n)
+        mask = mask.repeat_interleave(n, dim=0)
+        positions = lengths.repeat_interleave(n)
+        seq = torch.arange(len(contexts) * n, device=device)  # active row -> sequence index
+        limit = torch.tensor(budgets, device=device).repeat_interleave(n)
+        eos = torch.tensor(sorted(self.eos_ids), device=device)
+        out_tokens = [[] for _ in range(len(contexts) * n)]
+        out_logprobs = [[] for _ in range(len(contexts) * n)]
+        out_entropies = [[] for _ in range(len(contexts) * n)]
+        finished = [False] * (len(contexts) * n)
+        step = 0
+        while True:
+            logp, entropy = logprobs_and_entropy(logits)
+            tokens = sample_next(logp, temperature, top_p, generator)
+            token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+            step += 1
+            stopped_eos = torch.isin(tokens, eos)
+            stop = stopped_eos | (limit[seq] <= step)
+            for s, t, lp, h, fin in zip(seq.tolist(), tokens.tolist(), token_logp.tolist(), entropy.tolist(),
+                                        stopped_eos.tolist()):
+                out_tokens[s].append(t)
+                out_logprobs[s].append(lp)
+                out_entropies[s].append(h)
+                finished[s] = fin
+            if bool(stop.any()):
+                bar.update(int(stop.sum()))
+                keep = (~stop).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                cache.batch_select_indices(keep)
+                seq, tokens, mask, positions = seq[keep], tokens[keep], mask[keep], positions[keep]
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+            out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=positions.unsqueeze(-1),
+                             past_key_values=cache, use_cache=True)
+            positions = positions + 1
+            logits = out.logits[:, -1]
+        completions = [Completion(out_tokens[s], out_logprobs[s], out_entropies[s], finished[s])
+                       for s in range(len(contexts) * n)]
+        return [completions[c * n:(c + 1) * n] for c in range(len(contexts))]
+
+
+def make_engine(name: str, model, tokenizer, **kw) -> RolloutEngine:
+    """The engine called `name`: "transformers" or "vllm" (vLLM is imported only here, when chosen)."""
+    if name == "transformers":
+        return TransformersEngine(model, tokenizer, **kw)
+    if name == "vllm":
+        from bfspo.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model, tokenizer, **kw)
+    raise BfspoError(f"unknown engine {name!r}: choose 'transformers' or 'vllm'")

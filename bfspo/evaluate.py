@@ -1,0 +1,183 @@
+"""`bfspo evaluate`: score a model (optionally with a LoRA adapter) on one prepared benchmark split.
+
+The protocol is the paper's (TokenSkip's): the model's chat template, greedy decoding within the
+benchmark's token budget, except where the registry asks for several samples at a temperature
+(AIME'25: 32 samples at T=1, scored by their mean accuracy). Length is the number of generated
+tokens, reasoning and answer, counted with the model's tokenizer up to and including EOS.
+
+Writes DIR/samples.jsonl (one row per response) and then DIR/summary.json, last: a summary.json
+exists only for a finished run (any earlier one is removed when a run starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bfspo.benchmarks import Benchmark, get_benchmark
+from bfspo.engine import Completion, RolloutEngine, make_engine
+from bfspo.errors import BfspoError
+from bfspo.io import read_jsonl, write_json, write_jsonl
+from bfspo.metrics import bootstrap_ci
+from bfspo.model_io import check_adapter, load_config, load_model, load_tokenizer
+from bfspo.prompts import prompt_ids
+from bfspo.rewards import extract_answer, is_correct
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="hub id or local model directory (the base model)")
+    parser.add_argument("--adapter", help="peft LoRA adapter directory trained on --model")
+    parser.add_argument("--benchmark", required=True, help="benchmark name (e.g. gsm8k, math500, aime25)")
+    parser.add_argument("--data", required=True, type=Path, help="prepared JSONL (rows id, question, answer)")
+    parser.add_argument("--out-dir", required=True, type=Path, help="where samples.jsonl and summary.json go")
+    parser.add_argument("--budget", type=int, help="max generated tokens (default: the benchmark's)")
+    parser.add_argument("--samples", type=int, help="responses per question (default: the benchmark's)")
+    parser.add_argument("--temperature", type=float, help="0 = greedy (default: the benchmark's)")
+    parser.add_argument("--batch-size", type=int, default=64, help="sequences generated at once")
+    parser.add_argument("--limit", type=int, help="evaluate only the first N questions")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
+    parser.add_argument("--meta", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="labels copied into summary.json (e.g. method=bfspo k=3)")
+    parser.add_argument("--wandb-project", help="also log the summary to this W&B project (job_type eval)")
+    parser.add_argument("--wandb-group", help="W&B group (one per table or sweep)")
+    parser.add_argument("--run-name", help="W&B run name (default: the --out-dir folder name)")
+
+
+def parse_meta(items: list[str]) -> dict[str, str]:
+    meta = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BfspoError(f"--meta expects KEY=VALUE, got {item!r}")
+        meta[key] = value
+    return meta
+
+
+def read_questions(path: Path, benchmark: Benchmark, limit: int | None = None) -> list[dict]:
+    """The prepared rows of `path` (the first `limit`), each checked: id, question and answer present,
+    ids unique, and the row's benchmark (when given) the one being evaluated."""
+    rows, seen = [], set()
+    for lineno, row in read_jsonl(path):
+        if limit is not None and len(rows) == limit:
+            break
+        for key in ("id", "question", "answer"):
+            value = row.get(key)
+            if not isinstance(value, (str, int)) or isinstance(value, bool) or str(value).strip() == "":
+                raise BfspoError(f"{path}:{lineno}: missing or empty field {key!r}")
+        if row.get("benchmark", benchmark.name) != benchmark.name:
+            raise BfspoError(f"{path}:{lineno}: row of benchmark {row['benchmark']!r}, "
+                             f"but evaluating {benchmark.name!r}")
+        if row["id"] in seen:
+            raise BfspoError(f"{path}:{lineno}: duplicate id {row['id']!r}")
+        seen.add(row["id"])
+        rows.append(row)
+    if not rows:
+        raise BfspoError(f"{path}: no questions")
+    return rows
+
+
+def check_lengths(rows: list[dict], prompts: list[list[int]], budget: int, max_positions: int | None) -> None:
+    """Every prompt plus its budget must fit the model's positions."""
+    if max_positions is None:
+        return
+    for row, prompt in zip(rows, prompts):
+        if len(prompt) + budget > max_positions:
+            raise BfspoError(f"question {row['id']!r}: prompt of {len(prompt)} tokens plus budget {budget} exceeds "
+                             f"the model's {max_positions} positions" + ("" if len(prompt) >= max_positions
+                                                                         else "; lower --budget"))
+
+
+def score(benchmark: Benchmark, rows: list[dict], results: list[list[Completion]], tokenizer) -> list[dict]:
+    """One samples.jsonl row per response: its text, extracted answer, correctness and length."""
+    samples = []
+    for row, completions in zip(rows, results):
+        gold = str(row["answer"])
+        for index, c in enumerate(completions):
+            text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            samples.append({"id": row["id"], "sample": index, "response": text,
+                            "extracted": extract_answer(benchmark, text), "gold": gold,
+                            "correct": is_correct(benchmark, text, gold), "num_tokens": len(c.token_ids),
+                            "finished": c.finished})
+    return samples
+
+
+def summarize(samples: list[dict], n_questions: int, seed: int = 0) -> dict:
+    """Accuracy (percent) and length: per-question means over samples, then the mean over questions,
+    each with a 95% bootstrap interval that resamples questions."""
+    per_q = len(samples) // n_questions
+    correct = np.array([s["correct"] for s in samples], dtype=float).reshape(n_questions, per_q).mean(1) * 100
+    length = np.array([s["num_tokens"] for s in samples], dtype=float).reshape(n_questions, per_q).mean(1)
+    return {"n_questions": n_questions, "samples_per_question": per_q,
+            "accuracy": float(correct.mean()), "accuracy_ci": list(bootstrap_ci(correct, seed=seed)),
+            "avg_length": float(length.mean()), "avg_length_ci": list(bootstrap_ci(length, seed=seed)),
+            "finished_fraction": float(np.mean([s["finished"] for s in samples]))}
+
+
+def build_engine(args) -> tuple[RolloutEngine, object, int | None]:
+    """(engine, tokenizer, the model's max positions) for --engine."""
+    if args.engine == "vllm":
+        config = load_config(args.model)
+        if args.adapter is not None:
+            check_adapter(args.adapter, args.model)
+        tokenizer = load_tokenizer(args.model)
+        engine = make_engine("vllm", None, tokenizer, model_path=args.model, adapter=args.adapter,
+                             batch_size=args.batch_size, seed=args.seed, progress=True)
+    else:
+        model, tokenizer = load_model(args.model, args.adapter)
+        config = model.config
+        engine = make_engine("transformers", model, tokenizer, batch_size=args.batch_size, progress=True,
+                             desc=f"evaluate {args.benchmark}")
+    return engine, tokenizer, getattr(config, "max_position_embeddings", None)
+
+
+def log_to_wandb(summary: dict, args) -> None:
+    import wandb
+
+    run = wandb.init(project=args.wandb_project, group=args.wandb_group, job_type="eval",
+                     name=args.run_name or args.out_dir.name, config=summary,
+                     mode=os.environ.get("WANDB_MODE", "offline"), dir=os.environ.get("WANDB_DIR", str(args.out_dir)))
+    run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+    run.finish()
+
+
+def run(args) -> int:
+    for stale in ("summary.json", "samples.jsonl"):
+        (args.out_dir / stale).unlink(missing_ok=True)
+    benchmark = get_benchmark(args.benchmark)
+    meta = parse_meta(args.meta)
+    budget = benchmark.eval_budget if args.budget is None else args.budget
+    samples = benchmark.samples if args.samples is None else args.samples
+    temperature = benchmark.temperature if args.temperature is None else args.temperature
+    if budget < 1 or samples < 1 or temperature < 0 or args.batch_size < 1 or (args.limit is not None and args.limit < 1):
+        raise BfspoError("--budget, --samples, --batch-size and --limit must be positive, --temperature >= 0")
+    if samples > 1 and temperature == 0:
+        raise BfspoError(f"{samples} samples per question at temperature 0 would all be the same greedy response")
+    rows = read_questions(args.data, benchmark, args.limit)
+
+    engine, tokenizer, max_positions = build_engine(args)
+    prompts = [prompt_ids(tokenizer, benchmark, str(row["question"])) for row in rows]
+    check_lengths(rows, prompts, budget, max_positions)
+    start = time.perf_counter()
+    results = engine.generate(prompts, samples, budget, temperature=temperature, seed=args.seed)
+    seconds = time.perf_counter() - start
+
+    scored = score(benchmark, rows, results, tokenizer)
+    write_jsonl(args.out_dir / "samples.jsonl", scored)
+    summary = {"benchmark": benchmark.name, "model": args.model, "adapter": args.adapter,
+               **summarize(scored, len(rows), seed=args.seed), "budget": budget, "temperature": temperature,
+               "engine": args.engine, "seed": args.seed, "data": str(args.data),
+               "generation_seconds": round(seconds, 3),
+               "generated_tokens_per_s": round(sum(s["num_tokens"] for s in scored) / max(seconds, 1e-9), 1),
+               "meta": meta}
+    if args.wandb_project:
+        log_to_wandb(summary, args)
+    write_json(args.out_dir / "summary.json", summary)
+    print(f"{benchmark.name}: accuracy {summary['accuracy']:.1f}% "
+          f"[{summary['accuracy_ci'][0]:.1f}, {summary['accuracy_ci'][1]:.1f}], "
+          f"avg length {summary['avg_length']:.1f} tokens ({len(rows)} questions x {samples}) -> {args.out_dir}")
+    return 0

@@ -1,0 +1,130 @@
+"""Load a causal LM and its tokenizer from a hub id or a local directory, with an optional LoRA adapter.
+
+Precision follows the paper's setting: bfloat16 on CUDA, float32 on CPU. Every way a user can
+point at the wrong thing (a missing path, a folder that holds no model, a hub id that is not in the
+cache while offline, an adapter trained on another base model) is a BfspoError naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from bfspo.errors import BfspoError
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 on CUDA, float32 elsewhere (CPU bf16 matmuls are slow and lose precision)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _offline() -> bool:
+    from huggingface_hub import is_offline_mode
+
+    return is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _looks_like_path(name: str) -> bool:
+    """Hub ids are `name` or `owner/name`; anything else (absolute, ./, ~, deeper) is a local path."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def check_model_source(name: str) -> None:
+    """Raise BfspoError unless `name` is a model directory or something that reads as a hub id."""
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise BfspoError(f"{name}: not a model directory (no config.json)")
+    elif _looks_like_path(name):
+        raise BfspoError(f"{name}: no such model directory")
+
+
+def _from_pretrained(loader, name: str, **kw):
+    """Call a transformers `from_pretrained`, turning a missing or uncached model into a BfspoError."""
+    try:
+        return loader.from_pretrained(name, **kw)
+    except OSError as e:
+        if _offline():
+            raise BfspoError(f"{name}: not a local model directory and not in the Hugging Face cache "
+                             "(HF_HUB_OFFLINE=1 forbids downloading it)") from None
+        raise BfspoError(f"{name}: could not load ({e})") from None
+
+
+def load_tokenizer(name: str):
+    """The model's tokenizer, left-padded for batched generation (pad falls back to EOS)."""
+    from transformers import AutoTokenizer
+
+    check_model_source(name)
+    tokenizer = _from_pretrained(AutoTokenizer, name)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _same_model(recorded: str | None, given: str) -> bool:
+    """Whether the base model an adapter records is `given`: the same string or the same local folder."""
+    if recorded is None or recorded == given:
+        return True
+    a, b = Path(recorded).expanduser(), Path(given).expanduser()
+    return a.exists() and b.exists() and a.resolve() == b.resolve()
+
+
+def read_adapter_config(adapter: str) -> dict:
+    """The adapter_config.json of a peft adapter directory (BfspoError if it is not one)."""
+    config = Path(adapter) / "adapter_config.json"
+    if not Path(adapter).is_dir():
+        raise BfspoError(f"{adapter}: no such adapter directory")
+    if not config.is_file():
+        raise BfspoError(f"{adapter}: not a peft adapter directory (no adapter_config.json)")
+    try:
+        return json.loads(config.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise BfspoError(f"{config}: not valid JSON ({e.msg})") from None
+
+
+def check_adapter(adapter: str, name: str) -> dict:
+    """The adapter's config, after checking that it was trained on base model `name`."""
+    config = read_adapter_config(adapter)
+    base = config.get("base_model_name_or_path")
+    if not _same_model(base, name):
+        raise BfspoError(f"adapter {adapter} was trained on base model {base!r}, not {name!r}; "
+                         "pass that base model with --model")
+    return config
+
+
+def load_config(name: str):
+    """The model's transformers config (BfspoError for a missing or uncached model)."""
+    from transformers import AutoConfig
+
+    check_model_source(name)
+    return _from_pretrained(AutoConfig, name)
+
+
+def load_model(name: str, adapter: str | None = None, *, device: str | torch.device | None = None,
+               dtype: torch.dtype | None = None, trainable: bool = False):
+    """Return (model, tokenizer). With `adapter`, the model is a peft PeftModel (frozen unless
+    `trainable`). The model is in eval mode on `device` (default: CUDA if present, else CPU)."""
+    from transformers import AutoModelForCausalLM
+
+    device = torch.device(device) if device is not None else default_device()
+    if adapter is not None:
+        check_adapter(adapter, name)
+    tokenizer = load_tokenizer(name)
+    model = _from_pretrained(AutoModelForCausalLM, name, dtype=dtype or default_dtype(device)).to(device)
+    if adapter is not None:
+        from peft import PeftModel
+
+        try:
+            model = PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
+        except (RuntimeError, ValueError) as e:
+            raise BfspoError(f"adapter {adapter} does not fit model {name}: {str(e).splitlines()[0]}") from None
+    model.eval()
+    return model, tokenizer

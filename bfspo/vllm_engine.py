@@ -1,0 +1,139 @@
+"""The vLLM rollout engine, for users with GPUs (pinned: vllm==0.33.0, the `[vllm]` extra).
+
+Written against vLLM's public offline API (`vllm.LLM`, `SamplingParams`, `TokensPrompt`,
+`LoRARequest`) and imported only when this engine is constructed. It has not run in this
+repository's CI, which has no GPU; tests/test_vllm_engine.py runs where vLLM and CUDA exist.
+
+- Prefix caching is on, so the n continuations of one context, and the BFS expansions that
+  re-enter a tree at one of its nodes, reuse the KV blocks of their shared prefix.
+- `n` samples per context come from one request (`SamplingParams(n=...)`).
+- Weights: the policy is a peft LoRA model. After each optimizer update `sync_weights(model)`
+  saves the adapter to a fresh directory and later requests carry a new `LoRARequest` (new name,
+  new integer id) pointing at it. vLLM caches adapters by id, so a new id per update guarantees
+  that the new weights are loaded. We chose this over TRL's colocate path (merge the adapter
+  into the base weights, push them with the model's `load_weights`, unmerge) because it needs no
+  merge (no bf16 rounding drift of the base weights), writes only the few MB of adapter weights,
+  and works unchanged with tensor parallelism: every worker loads the adapter from disk and
+  shards it itself, while `load_weights` reaches into one worker's model internals.
+- vLLM returns only top-k log-probs, not the full distribution, so this engine returns the
+  sampled token's log-prob (raw, temperature 1, before top-p: `logprobs_mode="raw_logprobs"`) and
+  NaN entropies. The trainer recomputes the old log-probs and the entropies on the training side
+  (bfspo.packing), from the full distribution, in the forward pass that computes old log-probs.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+from pathlib import Path
+
+from bfspo.engine import Completion, check_sampling_args, eos_token_ids, per_context_budgets
+from bfspo.errors import BfspoError
+from bfspo.model_io import check_adapter
+
+
+def _import_vllm():
+    try:
+        import vllm
+        from vllm.inputs import TokensPrompt
+        from vllm.lora.request import LoRARequest
+    except ImportError:
+        raise BfspoError("the vLLM engine needs vllm (pip install 'bfspo[vllm]', CUDA only); "
+                         "use --engine transformers otherwise") from None
+    return vllm, TokensPrompt, LoRARequest
+
+
+def _is_peft(model) -> bool:
+    return model is not None and hasattr(model, "peft_config")
+
+
+class VLLMEngine:
+    """Rollouts with vLLM.
+
+    model: the trained peft model (its adapter is pushed with `sync_weights`), or None to sample
+      from `model_path` (with `adapter`, a saved peft adapter directory, if given).
+    model_path: the base model; defaults to the base recorded in the peft model's config.
+    batch_size: the most sequences vLLM decodes at once (`max_num_seqs`).
+    tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype: passed to `vllm.LLM`.
+    seed: base seed; context i of a call with seed s samples with seed s + i.
+    work_dir: where adapters are saved for vLLM (default: a fresh temporary directory).
+    """
+
+    def __init__(self, model, tokenizer, *, model_path: str | None = None, adapter: str | None = None,
+                 batch_size: int = 256, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
+                 max_model_len: int | None = None, dtype: str = "bfloat16", seed: int = 0,
+                 progress: bool = False, work_dir: str | None = None):
+        vllm, self._TokensPrompt, self._LoRARequest = _import_vllm()
+        if model is not None and not _is_peft(model):
+            raise BfspoError("the vLLM engine pushes LoRA adapters only: wrap the model with peft")
+        if model_path is None:
+            if not _is_peft(model):
+                raise BfspoError("the vLLM engine needs model_path when it is given no peft model")
+            model_path = model.peft_config[model.active_adapter].base_model_name_or_path
+        lora_rank = model.peft_config[model.active_adapter].r if _is_peft(model) else None
+        if adapter is not None:
+            lora_rank = int(check_adapter(adapter, model_path)["r"])
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_token_ids(tokenizer, model)
+        self.progress = progress
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="bfspo-vllm-lora-"))
+        self.version = 0
+        self.lora = None
+        lora_kw = {}
+        if lora_rank is not None:
+            # vLLM accepts power-of-two ranks from 8 up; the smallest that holds the adapter.
+            lora_kw = dict(enable_lora=True, max_loras=1, max_lora_rank=max(8, 2 ** math.ceil(math.log2(lora_rank))))
+        self.llm = vllm.LLM(model=model_path, enable_prefix_caching=True,
+                            tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+                            max_model_len=max_model_len, max_num_seqs=batch_size, dtype=dtype, seed=seed,
+                            logprobs_mode="raw_logprobs", **lora_kw)
+        self._SamplingParams = vllm.SamplingParams
+        if adapter is not None:
+            self._use_adapter(str(adapter))
+        if _is_peft(model):
+            self.sync_weights(model)
+
+    def _use_adapter(self, path: str) -> None:
+        self.version += 1
+        self.lora = self._LoRARequest(f"bfspo-policy-{self.version}", self.version, path)
+
+    def sync_weights(self, model) -> None:
+        """Save the current LoRA adapter to a fresh directory; later requests use it under a new id.
+
+        The previous saved adapter is deleted: vLLM has loaded it already and never sees its id again.
+        """
+        if not _is_peft(model):
+            raise BfspoError("the vLLM engine pushes LoRA adapters only: wrap the model with peft")
+        previous = Path(self.lora.lora_path) if self.lora is not None else None
+        path = self.work_dir / f"adapter-{self.version + 1:06d}"
+        model.save_pretrained(str(path))
+        self._use_adapter(str(path))
+        if previous is not None and previous.parent == self.work_dir:
+            shutil.rmtree(previous, ignore_errors=True)
+
+    def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None):
+        check_sampling_args(contexts, n, temperature, top_p)
+        budgets = per_context_budgets(max_new_tokens, len(contexts))
+        results = [[Completion([], [], [], False) for _ in range(n)] for _ in contexts]
+        todo = [i for i in range(len(contexts)) if budgets[i] > 0]
+        if not todo:
+            return results
+        prompts = [self._TokensPrompt(prompt_token_ids=list(contexts[i])) for i in todo]
+        params = [self._SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=budgets[i],
+                                       logprobs=0, stop_token_ids=sorted(self.eos_ids),
+                                       seed=None if seed is None else seed + i)
+                  for i in todo]
+        outputs = self.llm.generate(prompts, params, use_tqdm=self.progress, lora_request=self.lora)
+        for i, request in zip(todo, outputs):
+            results[i] = [self._completion(sample) for sample in request.outputs]
+        return results
+
+    def _completion(self, sample) -> Completion:
+        token_ids = list(sample.token_ids)
+        # logprobs=0: each step's dict holds exactly the sampled token.
+        logprobs = [step[t].logprob for t, step in zip(token_ids, sample.logprobs or [])]
+        if len(logprobs) != len(token_ids):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(token_ids)} tokens")
+        # No stop strings are set, so "stop" means an EOS id ended the sample ("length": the budget).
+        return Completion(token_ids, logprobs, [math.nan] * len(token_ids), sample.finish_reason == "stop")

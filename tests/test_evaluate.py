@@ -1,0 +1,149 @@
+"""`bfspo evaluate` end to end on CPU with the tiny model, and its bad-input cases."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bfspo.cli import main
+from bfspo.evaluate import check_lengths
+from bfspo.io import read_json, read_jsonl
+from bfspo.prompts import prompt_ids
+from bfspo.rewards import extract_answer, is_correct
+
+ROWS = [
+    {"id": "gsm8k-0", "question": "Tom has 3 apples. He buys 4 more apples. How many apples does he have?",
+     "answer": "7", "benchmark": "gsm8k"},
+    {"id": "gsm8k-1", "question": "A shop sells 12 pens a day. How many pens does it sell in 5 days?",
+     "answer": "60", "benchmark": "gsm8k"},
+    {"id": "gsm8k-2", "question": "What is 2/3 of 12?", "answer": "8", "benchmark": "gsm8k"},
+    {"id": "gsm8k-3", "question": "Ann has 10 pens and gives away 6. How many are left?", "answer": "4",
+     "benchmark": "gsm8k"},
+]
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def evaluate(model_dir, data, out_dir, *extra):
+    return main(["evaluate", "--model", str(model_dir), "--benchmark", "gsm8k", "--data", str(data),
+                 "--out-dir", str(out_dir), "--budget", "12", "--batch-size", "8", *extra])
+
+
+def samples_of(out_dir):
+    return [row for _, row in read_jsonl(out_dir / "samples.jsonl")]
+
+
+def test_greedy_evaluation_writes_samples_and_summary(tiny_model_dir, tmp_path):
+    data = write_rows(tmp_path / "gsm8k.jsonl", ROWS)
+    assert evaluate(tiny_model_dir, data, tmp_path / "out", "--limit", "3", "--meta", "method=base", "k=0",
+                    "--wandb-project", "bfspo-tests") == 0
+    samples = samples_of(tmp_path / "out")
+    summary = read_json(tmp_path / "out" / "summary.json")
+    assert [s["id"] for s in samples] == ["gsm8k-0", "gsm8k-1", "gsm8k-2"]  # --limit 3, one greedy sample each
+    assert all(s["sample"] == 0 for s in samples)
+    for s, row in zip(samples, ROWS):
+        assert s["gold"] == row["answer"]
+        assert s["extracted"] == extract_answer("gsm8k", s["response"])
+        assert s["correct"] == is_correct("gsm8k", s["response"], row["answer"])
+        assert 1 <= s["num_tokens"] <= 12
+        assert s["finished"] or s["num_tokens"] == 12
+    assert summary["benchmark"] == "gsm8k" and summary["model"] == str(tiny_model_dir)
+    assert summary["adapter"] is None
+    assert summary["n_questions"] == 3 and summary["samples_per_question"] == 1
+    assert summary["budget"] == 12 and summary["temperature"] == 0.0
+    assert summary["meta"] == {"method": "base", "k": "0"}
+    assert summary["accuracy"] == pytest.approx(100 * sum(s["correct"] for s in samples) / 3)
+    assert summary["avg_length"] == pytest.approx(sum(s["num_tokens"] for s in samples) / 3)
+    for key in ("accuracy", "avg_length"):
+        lo, hi = summary[f"{key}_ci"]
+        assert lo <= summary[key] <= hi
+
+
+def test_sampled_evaluation_scores_the_mean_over_samples(tiny_model_dir, tmp_path):
+    """Several samples at T=1 (the AIME protocol): a gold answer that one sample gives is scored."""
+    data = write_rows(tmp_path / "gsm8k.jsonl", ROWS[:2])
+    args = ("--samples", "4", "--temperature", "1.0", "--seed", "3")
+    assert evaluate(tiny_model_dir, data, tmp_path / "first", *args) == 0
+    first = samples_of(tmp_path / "first")
+    assert [(s["id"], s["sample"]) for s in first] == [(r["id"], i) for r in ROWS[:2] for i in range(4)]
+    hit = next(s for s in first if s["id"] == "gsm8k-0" and s["extracted"] is not None)
+    # Same seed, so the same responses: make that sample's answer the gold one and score again.
+    rows = [dict(ROWS[0], answer=hit["extracted"]), ROWS[1]]
+    assert evaluate(tiny_model_dir, write_rows(tmp_path / "gold.jsonl", rows), tmp_path / "second", *args) == 0
+    second = samples_of(tmp_path / "second")
+    assert [s["response"] for s in second] == [s["response"] for s in first]
+    assert next(s for s in second if s["sample"] == hit["sample"] and s["id"] == "gsm8k-0")["correct"]
+    summary = read_json(tmp_path / "second" / "summary.json")
+    per_question = [100 * sum(s["correct"] for s in second if s["id"] == r["id"]) / 4 for r in rows]
+    assert summary["samples_per_question"] == 4
+    assert summary["accuracy"] == pytest.approx(sum(per_question) / 2) and summary["accuracy"] > 0
+
+
+def test_evaluates_with_an_adapter(tiny_model_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(base, lora).save_pretrained(str(tmp_path / "adapter"))
+    data = write_rows(tmp_path / "gsm8k.jsonl", ROWS[:1])
+    assert evaluate(tiny_model_dir, data, tmp_path / "out", "--adapter", str(tmp_path / "adapter")) == 0
+    assert read_json(tmp_path / "out" / "summary.json")["adapter"] == str(tmp_path / "adapter")
+
+
+@pytest.mark.parametrize("case,message", [
+    ("unknown_benchmark", "unknown benchmark 'gsm9k'"),
+    ("missing_model", "no such model directory"),
+    ("bad_json", "gsm8k.jsonl:2: not valid JSON"),
+    ("missing_field", "gsm8k.jsonl:2: missing or empty field 'question'"),
+    ("other_benchmark", "gsm8k.jsonl:1: row of benchmark 'math500'"),
+    ("empty", "no questions"),
+    ("long_prompt", "exceeds the model's 2048 positions"),
+    ("greedy_samples", "would all be the same greedy response"),
+    ("bad_meta", "--meta expects KEY=VALUE"),
+])
+def test_bad_input_exits_2_with_a_message_and_no_summary(tiny_model_dir, tmp_path, capsys, case, message):
+    data = tmp_path / "gsm8k.jsonl"
+    model, extra = tiny_model_dir, []
+    lines = [json.dumps(r) for r in ROWS[:2]]
+    if case == "unknown_benchmark":
+        extra = ["--benchmark", "gsm9k"]
+    elif case == "missing_model":
+        model = tmp_path / "no_model"
+    elif case == "bad_json":
+        lines[1] = lines[1][:-3]
+    elif case == "missing_field":
+        lines[1] = json.dumps({k: v for k, v in ROWS[1].items() if k != "question"})
+    elif case == "other_benchmark":
+        lines[0] = json.dumps(dict(ROWS[0], benchmark="math500"))
+    elif case == "empty":
+        lines = []
+    elif case == "long_prompt":
+        lines[1] = json.dumps(dict(ROWS[1], question="apples " * 3000))
+    elif case == "greedy_samples":
+        extra = ["--samples", "4"]
+    elif case == "bad_meta":
+        extra = ["--meta", "method"]
+    data.write_text("".join(line + "\n" for line in lines))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")  # a stale summary from an earlier run must not survive
+    assert evaluate(model, data, out, *extra) == 2
+    assert message in capsys.readouterr().err
+    assert not (out / "summary.json").exists()
+
+
+def test_prompt_budget_check_counts_the_real_prompt(tiny_model_dir, tmp_path, capsys):
+    """The length check uses the chat-templated prompt: prompt + budget must fit the positions."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    prompt = prompt_ids(tokenizer, "gsm8k", ROWS[0]["question"])
+    check_lengths(ROWS[:1], [prompt], 2048 - len(prompt), 2048)
+    data = write_rows(tmp_path / "gsm8k.jsonl", ROWS[:1])
+    assert evaluate(tiny_model_dir, data, tmp_path / "over", "--budget", str(2049 - len(prompt))) == 2
+    assert f"prompt of {len(prompt)} tokens plus budget {2049 - len(prompt)}" in capsys.readouterr().err

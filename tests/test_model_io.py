@@ -1,0 +1,113 @@
+"""Loading a model, its tokenizer and a LoRA adapter, and every way of pointing at the wrong thing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+
+from bfspo.errors import BfspoError
+from bfspo.model_io import check_adapter, default_dtype, load_config, load_model, load_tokenizer
+from bfspo.toy.model import new_model, save_model_dir
+
+
+def save_adapter(model_dir, out_dir, **lora):
+    """A peft LoRA adapter with non-zero B (so it changes the output), saved from `model_dir`."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False, **lora)
+    get_peft_model(base, config).save_pretrained(str(out_dir))
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tiny_model_dir, tmp_path_factory):
+    return save_adapter(tiny_model_dir, tmp_path_factory.mktemp("adapter"))
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(tiny_model_dir, tmp_path_factory):
+    """A model of another shape (hidden 48) with the same tokenizer."""
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    return save_model_dir(new_model(tokenizer, hidden_size=48, layers=2, heads=4, kv_heads=2, seed=1),
+                          tokenizer, tmp_path_factory.mktemp("other_model"))
+
+
+def test_loads_a_local_model_in_float32_on_cpu(tiny_model_dir):
+    model, tokenizer = load_model(str(tiny_model_dir), device="cpu")
+    assert next(model.parameters()).dtype == torch.float32
+    assert not model.training
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token_id is not None
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert load_config(str(tiny_model_dir)).hidden_size == model.config.hidden_size
+
+
+def test_precision_follows_the_device():
+    assert default_dtype(torch.device("cuda")) == torch.bfloat16
+    assert default_dtype(torch.device("cpu")) == torch.float32
+
+
+def test_missing_path_and_non_model_dirs(tmp_path):
+    with pytest.raises(BfspoError, match="no such model directory"):
+        load_model(str(tmp_path / "nowhere" / "model"))
+    with pytest.raises(BfspoError, match="no such model directory"):
+        load_model("./not-here")
+    with pytest.raises(BfspoError, match="not a model directory"):
+        load_model(str(tmp_path))
+    (tmp_path / "weights.bin").write_text("x")
+    with pytest.raises(BfspoError, match="not a model directory"):
+        load_tokenizer(str(tmp_path / "weights.bin"))
+
+
+def test_uncached_hub_id_while_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BfspoError, match="not in the Hugging Face cache.*HF_HUB_OFFLINE=1"):
+        load_model("bfspo-tests/no-such-model")
+
+
+def test_adapter_is_applied_and_frozen(tiny_model_dir, adapter_dir):
+    base, tokenizer = load_model(str(tiny_model_dir))
+    model, _ = load_model(str(tiny_model_dir), str(adapter_dir))
+    assert isinstance(model, PeftModel) and not model.training
+    assert not any(p.requires_grad for p in model.parameters())
+    ids = torch.tensor([tokenizer("Tom has 3 apples.")["input_ids"]])
+    with torch.no_grad():
+        assert not torch.allclose(model(ids).logits, base(ids).logits)
+    trainable, _ = load_model(str(tiny_model_dir), str(adapter_dir), trainable=True)
+    names = [n for n, p in trainable.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+
+
+def test_same_base_through_a_relative_path(tiny_model_dir, adapter_dir, monkeypatch):
+    monkeypatch.chdir(tiny_model_dir.parent)
+    model, _ = load_model(f"./{tiny_model_dir.name}", str(adapter_dir))
+    assert isinstance(model, PeftModel)
+
+
+def test_adapter_of_another_base_model(tiny_model_dir, other_model_dir, tmp_path):
+    other_adapter = save_adapter(other_model_dir, tmp_path / "other_adapter")
+    with pytest.raises(BfspoError, match="trained on base model .*other_model"):
+        load_model(str(tiny_model_dir), str(other_adapter))
+    # Even when its recorded base is edited to match, the shapes give it away.
+    config_path = other_adapter / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    config["base_model_name_or_path"] = str(tiny_model_dir)
+    config_path.write_text(json.dumps(config))
+    assert check_adapter(str(other_adapter), str(tiny_model_dir))["r"] == 4
+    with pytest.raises(BfspoError, match="does not fit model"):
+        load_model(str(tiny_model_dir), str(other_adapter))
+
+
+def test_bad_adapter_dirs(tiny_model_dir, tmp_path):
+    with pytest.raises(BfspoError, match="no such adapter directory"):
+        load_model(str(tiny_model_dir), str(tmp_path / "missing"))
+    with pytest.raises(BfspoError, match="no adapter_config.json"):
+        load_model(str(tiny_model_dir), str(tmp_path))
+    (tmp_path / "adapter_config.json").write_text("{not json")
+    with pytest.raises(BfspoError, match="not valid JSON"):
+        load_model(str(tiny_model_dir), str(tmp_path))
