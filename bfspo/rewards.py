@@ -1,0 +1,337 @@
+"""Answer extraction, answer checking v(o, a*), and DAPO's sequence reward (Eq. 3-4).
+
+Extraction follows TokenSkip (which follows the Qwen2.5-Math evaluation): the last \\boxed{} if
+there is one; otherwise the text after the last "the answer is" / "final answer is" /
+"answer:" / "####" / a line starting "A:"; otherwise the last number. Math answers are then
+compared with math-verify (gold first). math-verify's own timeout uses SIGALRM, which only works
+in the main thread, so it is switched off and every comparison runs instead in a persistent child
+process that is killed and replaced when it misses its deadline: a pathological answer such as
+`9^{9^{9^{9}}}` costs at most `timeout` seconds, from any thread or process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from decimal import Decimal
+from functools import lru_cache
+from pathlib import Path
+
+from bfspo.benchmarks import Benchmark, get_benchmark
+
+VERIFY_TIMEOUT_S = 5.0  # deadline of one math-verify comparison
+WORKER_START_TIMEOUT_S = 120.0  # the child imports sympy and math-verify once
+MAX_ANSWER_CHARS = 1000  # longer "answers" are never correct and are not parsed at all
+
+# ---------------------------------------------------------------- extraction
+
+_ANCHOR = re.compile(
+    r"(?:(?:the|final)\s+answer\s+is|answer\s*\**\s*:|####|^\s*A\s*:)\s*",
+    re.IGNORECASE | re.MULTILINE,
+)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+(?:\.\d+)?)?|-?\.\d+")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_SENTENCE_END = re.compile(r"\.(?:\s|$)")
+_LETTER = re.compile(r"^\(?([A-D])\)?(?![A-Za-z0-9])")
+_STANDALONE_LETTER = re.compile(r"(?<![A-Za-z0-9])\(?([A-D])\)?(?![A-Za-z0-9'])")
+
+
+_BRACE_DEPTH = {"{": 1, "}": -1}
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...} (or \\fbox{...}) with balanced braces, else None."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i < len(text) and text[i] != "{":  # "\boxed 5": the answer runs to the next space or "$"
+        return re.split(r"[\s$]", text[i:], maxsplit=1)[0] or None
+    depth = 0
+    for j in range(i, len(text)):
+        depth += _BRACE_DEPTH.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1 : j]
+    return None
+
+
+def _after_last_anchor(text: str) -> str | None:
+    """The rest of the sentence after the last answer phrase ("the answer is", "####", ...)."""
+    last = None
+    for last in _ANCHOR.finditer(text):
+        pass
+    if last is None:
+        return None
+    rest = text[last.end() :].lstrip(" \t\n:*").split("\n", 1)[0]
+    end = _SENTENCE_END.search(rest)
+    return rest[: end.start()] if end else rest
+
+
+def _last_number(text: str) -> str | None:
+    numbers = _NUMBER.findall(_THOUSANDS.sub("", text))
+    return numbers[-1] if numbers else None
+
+
+_WRAPPERS = (("\\(", "\\)"), ("\\[", "\\]"), ("$", "$"))
+
+
+def _strip_answer(ans: str) -> str:
+    """Remove what wraps an answer without being part of it: a leading colon, **bold** marks,
+    $...$, \\( \\), \\[ \\], and a final period or slash."""
+    previous = None
+    while ans != previous:
+        previous = ans
+        ans = ans.strip().lstrip(":").strip("*").rstrip("./")
+        for left, right in _WRAPPERS:
+            if ans.startswith(left) and ans.endswith(right) and len(ans) >= len(left) + len(right):
+                ans = ans[len(left) : len(ans) - len(right)]
+    return ans
+
+
+def extract_answer(benchmark: str | Benchmark, response: str) -> str | None:
+    """The final answer a response gives (a letter for MMLU), or None when it gives none."""
+    kind = get_benchmark(benchmark).kind
+    boxed = last_boxed(response)
+    if kind == "mmlu":
+        return _extract_letter(response, boxed)
+    if boxed is not None:
+        return _strip_answer(boxed) or None
+    ans = _strip_answer(_after_last_anchor(response) or "")
+    return ans or _last_number(response)
+
+
+def _extract_letter(response: str, boxed: str | None) -> str | None:
+    """The chosen letter: from the last box, else the answer phrase, else the last standalone A-D."""
+    for candidate in (boxed, _after_last_anchor(response)):
+        if candidate is not None:
+            m = _LETTER.match(re.sub(r"\\text(?:bf)?\{([^{}]*)\}", r"\1", _strip_answer(candidate)))
+            if m:
+                return m.group(1)
+    lines = [line for line in response.splitlines() if line.strip()]
+    letters = _STANDALONE_LETTER.findall(lines[-1]) if lines else []
+    return letters[-1] if letters else None
+
+
+# ---------------------------------------------------------------- checking
+
+_PLAIN_NUMBER = re.compile(
+    r"(?P<mantissa>[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?)"
+    r"(?:[eE](?P<e>[-+]?\d+)|\s*\\(?:times|cdot)\s*10\^(?:\{(?P<braced>[-+]?\d+)\}|(?P<bare>\d)))?"
+)
+_SCIENTIFIC = re.compile(r"([-+]?\d+(?:\.\d*)?)[eE]([-+]?\d+)")
+_UNIT = r"(?:[A-Za-z]+(?:/[A-Za-z]+)+|[A-Za-z]{2,}(?:\^\d)?)"  # "m/s", "km/h", "dollars", "cm^2"
+_NUMBER_WITH_WORDS = re.compile(rf"([-+]?[\d.,]*\d)\s*((?:{_UNIT}(?:\s+|$))+)")
+_SPACE_BY_SYMBOL = re.compile(r"\s*([^\w\s\\])\s*")
+_SIZING = re.compile(r"\\(?:left|right)(?![A-Za-z])")  # \left( but not \leftarrow
+
+
+def _plain_number(s: str) -> Decimal | None:
+    """`s` as an exact decimal if it is nothing but a number: thousands commas and scientific
+    notation (`4.5e33`, `4.5 \\times 10^{33}`) allowed."""
+    m = _PLAIN_NUMBER.fullmatch(s)
+    if not m or not any(c.isdigit() for c in m["mantissa"]):
+        return None
+    exponent = m["e"] or m["braced"] or m["bare"]
+    try:
+        value = Decimal(m["mantissa"].replace(",", ""))
+        return value.scaleb(int(exponent)) if exponent else value
+    except ArithmeticError:  # an exponent beyond Decimal's range
+        return None
+
+
+def normalize_answer(ans: str) -> str:
+    """Meaning-preserving clean-up before comparison: dollar signs, \\left/\\right, \\dfrac,
+    `{,}` separators, scientific `4.5e33`, and plain unit words after a number ("18 dollars",
+    "2.5 m/s"; LaTeX units such as `\\text{ cm}` are math-verify's job)."""
+    ans = _strip_answer(ans.replace("\\$", "").replace("$", ""))
+    ans = _SIZING.sub("", ans).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("{,}", ",")
+    scientific = _SCIENTIFIC.fullmatch(ans)
+    if scientific:
+        ans = f"{scientific.group(1)}\\times10^{{{scientific.group(2)}}}"
+    words = _NUMBER_WITH_WORDS.fullmatch(ans)
+    if words and _plain_number(words.group(1)) is not None and "pi" not in words.group(2).split():
+        ans = words.group(1)
+    return ans
+
+
+def is_correct(benchmark: str | Benchmark, response: str, gold: str, *, timeout: float = VERIFY_TIMEOUT_S) -> bool:
+    """v(o, a*): whether `response` reaches the gold answer `gold` (the prepared data's `answer`).
+
+    math: math-verify (gold first) on the extracted answer, within `timeout` seconds;
+    aime: integer equality; mmlu: the same letter.
+    """
+    kind = get_benchmark(benchmark).kind
+    ans = extract_answer(benchmark, response)
+    if ans is None or len(ans) > MAX_ANSWER_CHARS:
+        return False
+    if kind == "mmlu":
+        return ans == gold.strip().upper()
+    if kind == "aime":
+        got, want = _integer(ans), _integer(gold)
+        return got is not None and got == want
+    return math_equal(gold, ans, timeout=timeout)
+
+
+def _integer(s: str) -> int | None:
+    """`s` as an integer if it is a plain number with no fractional part (AIME answers are 0-999)."""
+    value = _plain_number(normalize_answer(s))
+    if value is None or value.adjusted() > 18 or value != value.to_integral_value():
+        return None
+    return int(value)
+
+
+def math_equal(gold: str, answer: str, *, timeout: float = VERIFY_TIMEOUT_S) -> bool:
+    """Whether `answer` equals `gold` mathematically. Two plain numbers are compared exactly here;
+    identical normalised strings are equal; everything else goes to math-verify in the worker."""
+    if len(answer) > MAX_ANSWER_CHARS:
+        return False
+    gold, answer = normalize_answer(gold), normalize_answer(answer)
+    if _SPACE_BY_SYMBOL.sub(r"\1", gold) == _SPACE_BY_SYMBOL.sub(r"\1", answer):
+        return True
+    g, a = _plain_number(gold), _plain_number(answer)
+    if g is not None and a is not None:
+        return g == a
+    return _verify_cached(gold, answer, timeout)
+
+
+@lru_cache(maxsize=1 << 16)
+def _verify_cached(gold: str, answer: str, timeout: float) -> bool:
+    return _worker().verify(gold, answer, timeout)
+
+
+class _VerifyWorker:
+    """A persistent child process that runs math-verify; one request at a time, under a lock.
+
+    The child speaks JSON lines: it reads `[gold, answer]` and writes `true` or `false`. A request
+    that misses its deadline kills the child; the next request starts a fresh one.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._buffer = b""
+
+    def verify(self, gold: str, answer: str, timeout: float) -> bool:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+            try:
+                self._proc.stdin.write((json.dumps([gold, answer]) + "\n").encode())
+                self._proc.stdin.flush()
+                reply = self._read_line(time.monotonic() + timeout)
+            except OSError:
+                reply = None
+            if reply is None:
+                self.close()
+                return False
+            return json.loads(reply) is True
+
+    def _start(self):
+        env = dict(os.environ)
+        package_root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        self._buffer = b""
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", "from bfspo.rewards import serve_verifier; serve_verifier()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+        )
+        if self._read_line(time.monotonic() + WORKER_START_TIMEOUT_S) != "ready":
+            self.close()
+            raise RuntimeError("the math-verify worker process failed to start")
+
+    def _read_line(self, deadline: float) -> str | None:
+        """One line from the child, or None if it does not come before `deadline` (or the child died)."""
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+    def close(self):
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                pipe.close()
+            self._proc = None
+
+
+_WORKER: _VerifyWorker | None = None
+_WORKER_LOCK = threading.Lock()
+
+
+def _worker() -> _VerifyWorker:
+    global _WORKER
+    with _WORKER_LOCK:
+        if _WORKER is None:
+            _WORKER = _VerifyWorker()
+        return _WORKER
+
+
+def _forget_worker_in_child():
+    """A forked child must not share its parent's worker (nor a lock some parent thread held)."""
+    global _WORKER, _WORKER_LOCK
+    _WORKER, _WORKER_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_worker_in_child)
+
+
+def serve_verifier() -> None:
+    """The worker's main loop (run in the child): math-verify with its SIGALRM timeouts disabled."""
+    import logging
+
+    logging.disable(logging.CRITICAL)  # math-verify logs every expression it cannot parse
+    from math_verify import parse, verify
+
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything a library prints goes to stderr, never into the replies
+    out.write("ready\n")
+    out.flush()
+
+    @lru_cache(maxsize=4096)
+    def parsed(expr: str):
+        return parse(f"\\boxed{{{expr}}}", parsing_timeout=None)
+
+    for line in sys.stdin:
+        gold, answer = json.loads(line)
+        try:
+            ok = bool(verify(parsed(gold), parsed(answer), timeout_seconds=None))
+        except Exception:
+            ok = False
+        out.write(json.dumps(ok) + "\n")
+        out.flush()
+
+
+# ---------------------------------------------------------------- reward
+
+
+def overlong_penalty(length: float, budget: int) -> float:
+    """Eq. 3, soft overlong punishment R_l(o), with L_cache = budget/5 and L_max = budget - L_cache:
+    0 up to L_max - L_cache, then linear down to -1 at L_max, and -1 beyond."""
+    l_cache = budget / 5
+    l_max = budget - l_cache
+    if length <= l_max - l_cache:
+        return 0.0
+    if length <= l_max:
+        return ((l_max - l_cache) - length) / l_cache
+    return -1.0
+
+
+def sequence_reward(correct: bool, length: float, budget: int, overlong: bool = True) -> float:
+    """Eq. 4, R_i = +-1 + R_l(o_i) (+1 when v(o_i, a*) = 1); `overlong=False` drops R_l (ablation)."""
+    return (1.0 if correct else -1.0) + (overlong_penalty(length, budget) if overlong else 0.0)
