@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except BfspoError as e:
         print(f"bfspo {argv[0]}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `bfspo tree show FILE | head`
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print(f"bfspo {argv[0]}: interrupted", file=sys.stderr)
         return 130

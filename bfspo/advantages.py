@@ -1,0 +1,93 @@
+"""Rewards and advantages on the search tree (Sec. 4.1, Appendix B) and the dynamic-sampling filter.
+
+* Leaf reward, Eq. 4 (with the soft overlong punishment of Eq. 3 unless `overlong=False`, the
+  w/o R_l ablation): bfspo.rewards.sequence_reward.
+* Internal nodes, Eq. 8: the mean of the children's rewards. Inside a segment every token has one
+  child, so the whole segment carries the reward of its last token.
+* Branch advantage, Eq. 9: for every branching node b (the root and each w^b in B), every token of
+  S(b) gets (R(token) - R(b)) / sigma(b). S(b) (Algorithm 2) is the union of the branches from a
+  child of b down to the next leaf or branching node, inclusive: exactly the child segments of b,
+  each of which has a constant reward. Since R(b) is the mean of the children's rewards (Eq. 8),
+  Eq. 9 on b's children is Eq. 1 on the group of their rewards: both use `group_advantages`.
+* Global variant (ablation "Global Adv."): the tree's M complete chains are one GRPO group, Eq. 1
+  on the leaf rewards; each chain's tokens get its advantage, so a token shared by several chains
+  has one advantage per chain and the loss runs over the flattened chains.
+
+Normalisation convention, shared by DAPO (K = 0), the branch and the global advantage:
+std is the unbiased sample standard deviation (ddof = 1, torch.std's default, as in TRL's and
+verl's GRPO) and the denominator is std + EPS with EPS = 1e-6. When all rewards of a group are
+equal (sigma = 0), or the group has a single member, every advantage is exactly 0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from bfspo.errors import BfspoError
+from bfspo.rewards import sequence_reward
+from bfspo.tree import SearchTree
+
+EPS = 1e-6
+KINDS = ("branch", "global")
+
+
+def group_advantages(rewards: Sequence[float], eps: float = EPS) -> list[float]:
+    """Eq. 1: (R_i - mean(R)) / (std(R) + eps), unbiased std; all zeros when the rewards are equal."""
+    n = len(rewards)
+    if n < 2 or max(rewards) == min(rewards):
+        return [0.0] * n
+    mean = math.fsum(rewards) / n
+    std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (n - 1))
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def assign_rewards(tree: SearchTree, overlong: bool = True) -> None:
+    """Eq. 4 on every leaf, then Eq. 8 bottom-up on every segment and at the root (in place).
+
+    The overlong punishment uses the tree's budget (Eq. 3 with L_cache = budget / 5).
+    """
+    for seg_id in reversed(tree.dfs()):  # children before parents
+        seg = tree.segments[seg_id]
+        if seg.leaf is not None:
+            seg.leaf.reward = float(sequence_reward(seg.leaf.correct, seg.leaf.length, tree.budget, overlong))
+            seg.reward = seg.leaf.reward
+        else:
+            seg.reward = math.fsum(tree.segments[c].reward for c in seg.children) / len(seg.children)
+    tops = [tree.segments[c].reward for c in tree.root_children]
+    tree.root_reward = math.fsum(tops) / len(tops) if tops else None
+
+
+def assign_advantages(tree: SearchTree, kind: str = "branch", eps: float = EPS) -> None:
+    """Eq. 9 ("branch": one advantage per segment) or Eq. 1 over chains ("global": one per leaf).
+
+    Needs `assign_rewards` first. Sets `tree.advantage_kind`, which tells packing which tokens the
+    loss runs over: unique tree tokens (branch) or the flattened chains (global).
+    """
+    if kind not in KINDS:
+        raise BfspoError(f"unknown advantage {kind!r}; expected one of {KINDS}")
+    if any(s.reward is None for s in tree.segments):
+        raise ValueError("assign_rewards must run before assign_advantages")
+    for s in tree.segments:
+        s.advantage = None
+        if s.leaf is not None:
+            s.leaf.advantage = None
+    if kind == "branch":
+        for b in [None] + [s.id for s in tree.segments if s.children]:
+            children = tree.children_of(b)
+            for c, a in zip(children, group_advantages([tree.segments[c].reward for c in children], eps)):
+                tree.segments[c].advantage = a
+    else:
+        leaves = tree.leaves()
+        for i, a in zip(leaves, group_advantages([tree.segments[i].leaf.reward for i in leaves], eps)):
+            tree.segments[i].leaf.advantage = a
+    tree.advantage_kind = kind
+
+
+def keep_tree(tree: SearchTree) -> bool:
+    """Dynamic sampling (Eq. 2's constraint): keep iff 0 < #correct leaves < #leaves.
+
+    At K = 0 this is exactly DAPO's 0 < |{o_i : v(o_i, a*) = 1}| < G. With +-1 rewards (no overlong
+    term) it is the same as "the leaf rewards are not all equal", i.e. the tree carries a signal.
+    """
+    return 0 < tree.n_correct < len(tree.leaves())

@@ -1,0 +1,142 @@
+"""Algorithm 1 (tree construction), batched over many questions.
+
+Each question grows its own `SearchTree`. Line 2 samples G answers per question; then each of the
+K iterations selects a path (line 5, Eq. 5), picks its backtracking token (line 6, Eq. 6-7) and
+samples G new continuations from it (line 7). Every round makes ONE engine call for all trees that
+are still expanding, so the sampler sees a large batch. K = 0 is exactly DAPO's group of G.
+
+Conventions (docs/algorithm.md):
+
+* Selection, "bfs": the shortest correct complete path, ties to the earliest created leaf. A tree
+  with no correct path stops expanding (there is no best solution to refine; such a tree is
+  dropped later by the dynamic-sampling filter anyway, unless an earlier expansion made it useful).
+* Selection, "entropy" (the no_bfs ablation, Eq. 11): line 5 is removed; the backtracking token is
+  the highest-entropy unused token of the whole tree.
+* Candidates for w^b: tokens not in B (tree nodes, not token ids), with a known entropy after them
+  (so never the last token of a path) and with room to generate (depth < budget). Ties go to the
+  first candidate in depth-first order (on a path: the shallowest). A tree without a candidate
+  stops expanding.
+* Expansion: G continuations of q + o_{1..t*} with max_new_tokens = budget - depth(t*), so every
+  path stays within the budget; w^b then has G+1 children.
+* Round r uses seed + r when a seed is given (round 0 is line 2).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+from bfspo.errors import BfspoError
+from bfspo.tree import SearchTree, best_leaf
+
+SELECTIONS = ("bfs", "entropy")
+
+Scorer = Callable[[list[int]], bool]
+
+
+def candidate_tokens(tree: SearchTree, seg_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """(segment, offset) of every token of these segments that may become w^b, in the given order.
+
+    The last token of a segment is either the end of a complete path (no next distribution, and
+    the only kind of token that can sit at depth = budget, leaving no room to generate) or a token
+    already in B. So the candidates are the other tokens with a known entropy after them; each has
+    depth <= budget - 1, which leaves room for at least one new token.
+    """
+    return [(s, j) for s in seg_ids for j, h in enumerate(tree.segments[s].entropy_after[:-1]) if not math.isnan(h)]
+
+
+def backtracking_point(tree: SearchTree, selection: str = "bfs") -> tuple[tuple[int, int] | None, int | None, str]:
+    """Alg. 1 lines 5-6: ((segment, offset) of w^b or None, the path's leaf, reason when None).
+
+    "bfs": Eq. 6 over the path chosen by Eq. 5. "entropy": Eq. 11 over the whole tree; the returned
+    leaf is then the earliest created leaf below w^b, i.e. the chain in which w^b was sampled.
+    """
+    if selection == "bfs":
+        leaf = best_leaf(tree)
+        if leaf is None:
+            return None, None, "no correct path"
+        candidates = candidate_tokens(tree, tree.path(leaf))
+    elif selection == "entropy":
+        leaf, candidates = None, candidate_tokens(tree, tree.dfs())
+    else:
+        raise BfspoError(f"unknown selection {selection!r}; expected one of {SELECTIONS}")
+    if not candidates:
+        return None, leaf, "no backtracking token left"
+    # max() keeps the first of equal maxima, i.e. the first candidate in path / depth-first order.
+    point = max(candidates, key=lambda c: tree.segments[c[0]].entropy_after[c[1]])
+    if leaf is None:
+        leaf = tree.leaves_below(point[0])[0]
+    return point, leaf, ""
+
+
+def expand(tree: SearchTree, point: tuple[int, int], completions: Sequence, iteration: int, score: Scorer) -> int:
+    """Alg. 1 lines 7-8: split at w^b, mark it in B, attach the new continuations; returns w^b's segment."""
+    b = tree.split(*point)
+    tree.segments[b].ends_in_B = True
+    add_completions(tree, b, completions, iteration, score)
+    return b
+
+
+def add_completions(tree: SearchTree, parent: int | None, completions: Sequence, iteration: int, score: Scorer) -> None:
+    """Attach engine completions below `parent` and score each new leaf with the verifier."""
+    for c in completions:
+        leaf = tree.add_completion(parent, c.token_ids, c.logprobs, c.entropies, c.finished, iteration)
+        tree.segments[leaf].leaf.correct = bool(score(tree.path_tokens(leaf)))
+
+
+def build_trees(engine, prompts: Sequence[Sequence[int]], scorers: Sequence[Scorer], *, group_size: int, k: int,
+                budget: int, selection: str = "bfs", temperature: float = 1.0, top_p: float = 1.0,
+                seed: int | None = None) -> list[SearchTree]:
+    """Algorithm 1 for every prompt at once: one tree per prompt, K+1 batched engine calls at most.
+
+    `scorers[i](path_token_ids) -> bool` is the verifier v(o, a*) of question i, called with the
+    generated tokens of each new complete path. `engine` follows bfspo.engine.RolloutEngine.
+    """
+    if group_size < 1 or k < 0 or budget < 1:
+        raise BfspoError(f"need group_size >= 1, k >= 0 and budget >= 1, got {group_size}, {k}, {budget}")
+    if selection not in SELECTIONS:
+        raise BfspoError(f"unknown selection {selection!r}; expected one of {SELECTIONS}")
+    if len(scorers) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(scorers)} scorers")
+    trees = [SearchTree(prompt_ids=list(p), budget=budget) for p in prompts]
+    if not trees:
+        return trees
+
+    def sample(contexts, max_new, round_):
+        out = engine.generate(contexts, group_size, max_new, temperature=temperature, top_p=top_p,
+                              seed=None if seed is None else seed + round_)
+        if len(out) != len(contexts) or any(len(c) != group_size for c in out):
+            raise ValueError("the engine must return group_size completions per context")
+        return out
+
+    # Line 2: the initial group of G answers per question.
+    for tree, score, comps in zip(trees, scorers, sample([t.prompt_ids for t in trees], budget, 0)):
+        add_completions(tree, None, comps, 0, score)
+
+    for it in range(1, k + 1):
+        todo = []
+        for i, tree in enumerate(trees):
+            if tree.stopped is not None:
+                continue
+            point, leaf, reason = backtracking_point(tree, selection)
+            if point is None:
+                tree.stopped = {"iteration": it, "reason": reason}
+                continue
+            if selection == "bfs":
+                tree.selected.append({"iteration": it, "leaf": leaf, "length": tree.segments[leaf].leaf.length})
+            todo.append((i, point, leaf))
+        if not todo:
+            break
+        contexts, max_new = [], []
+        for i, (s, j), _ in todo:
+            tree = trees[i]
+            contexts.append(tree.prompt_ids + tree.path_tokens(s, upto=j))
+            max_new.append(budget - (tree.segments[s].start + j))
+        for (i, (s, j), leaf), comps in zip(todo, sample(contexts, max_new, it)):
+            tree = trees[i]
+            seg = tree.segments[s]
+            record = {"iteration": it, "depth": seg.start + j, "path_length": tree.segments[leaf].leaf.length,
+                      "entropy": seg.entropy_after[j], "leaf": leaf}
+            record["segment"] = expand(tree, (s, j), comps, it, scorers[i])
+            tree.backtracking.append(record)
+    return trees

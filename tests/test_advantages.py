@@ -1,0 +1,162 @@
+"""Rewards (Eq. 4, Eq. 8), branch advantage (Eq. 9, Algorithm 2), global advantage (Eq. 1), filter."""
+
+import math
+
+import pytest
+import torch
+
+from bfspo.advantages import EPS, assign_advantages, assign_rewards, group_advantages, keep_tree
+from bfspo.errors import BfspoError
+from bfspo.tree import SearchTree
+
+SQ2 = math.sqrt(2)
+
+
+def add(t, parent, n, correct, finished=True):
+    s = t.add_completion(parent, list(range(10, 10 + n)), [-0.5] * n, [1.0] * n, finished, 0 if parent is None else 1)
+    t.segments[s].leaf.correct = correct
+    return s
+
+
+def two_level_tree(budget=100):
+    """root -> {a: 3 wrong tokens, b: 6 tokens, split after token 2 (w^b1)}
+    w^b1 -> {rest of b: correct, c2: wrong, c3: 4 tokens, split after token 1 (w^b2)}
+    w^b2 -> {rest of c3: correct, d2: wrong}.  Leaf lengths: a 3, b 6, c2 5, c3 7, d2 6."""
+    t = SearchTree(prompt_ids=[1, 2], budget=budget)
+    a = add(t, None, 3, False)
+    b = add(t, None, 6, True)
+    wb1 = t.split(b, 1)
+    t.segments[wb1].ends_in_B = True
+    c2 = add(t, wb1, 3, False)
+    c3 = add(t, wb1, 5, True)
+    wb2 = t.split(c3, 1)
+    t.segments[wb2].ends_in_B = True
+    d2 = add(t, wb2, 2, False)
+    return t, dict(a=a, b=b, wb1=wb1, c2=c2, c3=c3, wb2=wb2, d2=d2)
+
+
+def test_group_advantages_eq1_unbiased_std_and_eps():
+    r = [1.0, -1.0, -1.0, 1.0]
+    expected = ((torch.tensor(r) - torch.tensor(r).mean()) / (torch.tensor(r).std() + EPS)).tolist()
+    assert group_advantages(r) == pytest.approx(expected, abs=1e-7)
+    assert group_advantages(r)[0] == pytest.approx(1 / math.sqrt(4 / 3), rel=1e-5)
+    assert group_advantages([0.7, 0.7, 0.7]) == [0.0, 0.0, 0.0]  # sigma = 0 -> 0
+    assert group_advantages([0.5]) == [0.0]
+
+
+def test_rewards_and_branch_advantages_by_hand():
+    t, n = two_level_tree()
+    assign_rewards(t, overlong=False)
+    seg = t.segments
+    # Eq. 4 (+-1) at the leaves, Eq. 8 upwards: R(w^b2) = (1 - 1)/2 = 0; R(w^b1) = (1 - 1 + 0)/3 = 0;
+    # R(root) = (-1 + 0)/2 = -0.5. The tokens of a segment share the reward of its last token.
+    assert [seg[n[k]].reward for k in ("a", "b", "c2", "c3", "d2", "wb1", "wb2")] == [-1, 1, -1, 1, -1, 0, 0]
+    assert t.root_reward == -0.5
+    assign_advantages(t, "branch")
+    adv = {k: seg[n[k]].advantage for k in n}
+    # root: children (-1, 0), sigma = 1/sqrt 2 -> -+ 0.5 * sqrt 2
+    assert adv["a"] == pytest.approx(-1 / SQ2, rel=1e-5) and adv["wb1"] == pytest.approx(1 / SQ2, rel=1e-5)
+    # w^b1: children (1, -1, 0) with mean 0 = R(w^b1), sigma = 1 -> 1, -1, 0 (the branch to w^b2 is S(w^b1)'s 3rd)
+    assert [adv["b"], adv["c2"], adv["wb2"]] == pytest.approx([1, -1, 0], abs=1e-5)
+    # nested w^b2: children (1, -1), sigma = sqrt 2 -> +- 1/sqrt 2
+    assert [adv["c3"], adv["d2"]] == pytest.approx([1 / SQ2, -1 / SQ2], rel=1e-5)
+
+
+def test_overlong_reward_uses_the_tree_budget():
+    # budget 10: L_cache = 2, L_max = 8; R_l = 0 up to 6 tokens, (6 - |o|)/2 up to 8, -1 beyond
+    t, n = two_level_tree(budget=10)
+    assign_rewards(t, overlong=True)
+    leaf = {k: t.segments[n[k]].leaf.reward for k in ("a", "b", "c2", "c3", "d2")}
+    assert leaf == pytest.approx({"a": -1.0, "b": 1.0, "c2": -1.0, "c3": 1.0 - 0.5, "d2": -1.0})
+    assert t.segments[n["wb2"]].reward == pytest.approx((0.5 - 1.0) / 2)
+
+
+def token_level_reference(t):
+    """Eq. 8 and Eq. 9 on the paper's token tree, with S(b) built by Algorithm 2, from scratch."""
+    def children(node):
+        if node is None:
+            return [(c, 0) for c in t.root_children]
+        s, j = node
+        seg = t.segments[s]
+        return [(s, j + 1)] if j + 1 < len(seg.token_ids) else [(c, 0) for c in seg.children]
+
+    reward = {}
+
+    def r(node):
+        if node not in reward:
+            kids = children(node)
+            reward[node] = t.segments[node[0]].leaf.reward if not kids else sum(map(r, kids)) / len(kids)
+        return reward[node]
+
+    r(None)
+    nodes = [(s.id, j) for s in t.segments for j in range(len(s.token_ids))]
+    advantage = {}
+    for b in [None] + [x for x in nodes if len(children(x)) > 1]:
+        kids = children(b)
+        rs = torch.tensor([reward[c] for c in kids], dtype=torch.float64)
+        sigma = float(rs.std())
+        for child in kids:  # Algorithm 2: walk down to the next leaf or branching node, inclusive
+            w = child
+            while True:
+                advantage[w] = 0.0 if sigma == 0 else (reward[w] - reward[b]) / (sigma + EPS)
+                nxt = children(w)
+                if len(nxt) != 1:
+                    break
+                w = nxt[0]
+    return reward, advantage, nodes
+
+
+@pytest.mark.parametrize("overlong", [False, True])
+def test_segment_advantages_equal_the_token_level_equations(overlong):
+    t, _ = two_level_tree(budget=10)
+    assign_rewards(t, overlong=overlong)
+    assign_advantages(t, "branch")
+    reward, advantage, nodes = token_level_reference(t)
+    assert set(advantage) == set(nodes)  # every token lies in exactly one S(b)
+    for s, j in nodes:
+        assert t.segments[s].reward == pytest.approx(reward[(s, j)], abs=1e-12)
+        assert t.segments[s].advantage == pytest.approx(advantage[(s, j)], abs=1e-9)
+
+
+def test_global_advantage_is_eq1_over_the_chains():
+    t, n = two_level_tree()
+    assign_rewards(t, overlong=False)
+    assign_advantages(t, "global")
+    leaves = t.leaves()
+    rewards = [t.segments[i].leaf.reward for i in leaves]
+    assert [t.segments[i].leaf.advantage for i in leaves] == pytest.approx(group_advantages(rewards))
+    assert all(s.advantage is None for s in t.segments) and t.advantage_kind == "global"
+    # switching back clears the per-chain values
+    assign_advantages(t, "branch")
+    assert all(t.segments[i].leaf.advantage is None for i in leaves) and t.segments[n["a"]].advantage is not None
+
+
+def test_k0_branch_advantage_is_the_dapo_group_advantage():
+    t = SearchTree(prompt_ids=[1], budget=50)
+    for n, ok in [(4, False), (7, True), (5, True), (35, True)]:
+        add(t, None, n, ok)
+    assign_rewards(t, overlong=True)
+    rewards = [t.segments[i].leaf.reward for i in t.leaves()]
+    assert rewards == pytest.approx([-1.0, 1.0, 1.0, 1 + (30 - 35) / 10])  # L_max - L_cache = 30, L_cache = 10
+    assign_advantages(t, "branch")
+    assert [t.segments[i].advantage for i in t.leaves()] == pytest.approx(group_advantages(rewards))
+
+
+def test_filter_keeps_trees_with_some_but_not_all_correct():
+    t, n = two_level_tree()
+    assert keep_tree(t)
+    for i in t.leaves():
+        t.segments[i].leaf.correct = True
+    assert not keep_tree(t)
+    for i in t.leaves():
+        t.segments[i].leaf.correct = False
+    assert not keep_tree(t)
+
+
+def test_advantages_need_rewards_and_a_known_kind():
+    t, _ = two_level_tree()
+    with pytest.raises(ValueError):
+        assign_advantages(t, "branch")
+    assign_rewards(t)
+    with pytest.raises(BfspoError, match="advantage"):
+        assign_advantages(t, "local")

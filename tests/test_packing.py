@@ -1,0 +1,242 @@
+"""Tree packing against per-chain runs of a tiny Qwen2 model (float32): log-probs, entropies, loss, gradients."""
+
+import random
+
+import pytest
+import torch
+
+from bfspo.advantages import assign_advantages, assign_rewards
+from bfspo.errors import BfspoError
+from bfspo.loss import policy_loss
+from bfspo.packing import pack_trees, packed_logprobs
+from bfspo.tree import SearchTree
+
+
+@pytest.fixture
+def model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+
+
+def random_tree(seed, prompt_len, vocab):
+    """Root with 3 chains; nested branching two levels deep (w^b1 with 3 children, w^b2 with 3)."""
+    rng = random.Random(seed)
+    t = SearchTree(prompt_ids=[rng.randrange(vocab) for _ in range(prompt_len)], budget=64)
+
+    def add(parent, n, ok):
+        s = t.add_completion(parent, [rng.randrange(vocab) for _ in range(n)], [0.0] * n,
+                             [rng.random() for _ in range(n)], True, 0 if parent is None else 1)
+        t.segments[s].leaf.correct = ok
+        return s
+
+    add(None, 5, False)
+    b = add(None, 9, True)
+    add(None, 3, False)
+    wb1 = t.split(b, 2)
+    t.segments[wb1].ends_in_B = True
+    add(wb1, 4, False)
+    c = add(wb1, 6, True)
+    wb2 = t.split(c, 3)
+    t.segments[wb2].ends_in_B = True
+    add(wb2, 2, True)
+    add(wb2, 5, False)
+    return t
+
+
+def chain_reference(model, tree):
+    """Per token (segment, offset): [(log-prob, entropy after it)] from every chain holding it, run alone."""
+    out = {}
+    for leaf in tree.leaves():
+        ids = tree.prompt_ids + tree.path_tokens(leaf)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        col = len(tree.prompt_ids)
+        for s in tree.path(leaf):
+            for j, tok in enumerate(tree.segments[s].token_ids):
+                out.setdefault((s, j), []).append((logp[col - 1, tok].item(), entropy[col].item()))
+                col += 1
+    return out
+
+
+def tokens_dfs(tree):
+    return [(s, j) for s in tree.dfs() for j in range(len(tree.segments[s].token_ids))]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("layout", ["tree", "flat"])
+def test_packed_logprobs_and_entropies_equal_per_chain_runs(model, attn, layout):
+    model.set_attn_implementation(attn)
+    vocab = model.config.vocab_size
+    trees = [random_tree(1, 7, vocab), random_tree(2, 3, vocab)]  # different prompt lengths: padding
+    packed = pack_trees(trees, layout)
+    with torch.no_grad():
+        logprobs, entropies = packed_logprobs(model, packed, chunk_size=7)
+    expected = []
+    for t in trees:
+        ref = chain_reference(model, t)
+        for key in tokens_dfs(t):
+            copies = ref[key]
+            assert max(abs(lp - copies[0][0]) for lp, _ in copies) < 1e-5  # a shared token is one token
+            expected.append(copies[0])
+    expected = torch.tensor(expected)
+    assert torch.allclose(logprobs, expected[:, 0], atol=1e-5, rtol=0)
+    assert torch.allclose(entropies, expected[:, 1], atol=1e-5, rtol=0)
+
+
+def test_tree_layout_computes_each_shared_token_once(model):
+    vocab = model.config.vocab_size
+    t = random_tree(3, 4, vocab)
+    assign_rewards(t, overlong=False)
+    assign_advantages(t, "branch")
+    p = pack_trees([t], "tree")
+    assert p.input_ids.shape == (1, 4 + t.n_tokens) and p.n_entries == t.n_tokens == p.n_unique_tokens
+    assert p.positions.numel() == t.n_tokens + 1  # every tree token and the last prompt token, once
+    # the packed row: depth-first tokens at positions prompt + depth, attending to their ancestors only
+    seg0 = t.segments[t.dfs()[0]]
+    assert p.position_ids[0, 4:4 + len(seg0.token_ids)].tolist() == list(range(4, 4 + len(seg0.token_ids)))
+    assert p.allowed[0].sum(-1).tolist() == p.position_ids[0].add(1).tolist()  # ancestors + itself
+    assert p.old_logprobs.tolist() == [t.segments[s].logprobs[j] for s, j in tokens_dfs(t)]
+    assert p.advantages.tolist() == pytest.approx([t.segments[s].advantage for s, _ in tokens_dfs(t)])
+    assign_advantages(t, "global")
+    g = pack_trees([t], "tree")
+    assert g.n_entries == t.n_chain_tokens and g.positions.numel() == t.n_tokens + 1
+    flat = pack_trees([t], "flat")
+    assert flat.input_ids.shape[0] == len(t.leaves()) and flat.n_entries == t.n_chain_tokens
+    assert flat.positions.numel() > g.positions.numel()  # flat recomputes every shared prefix
+    t2 = random_tree(4, 4, vocab)
+    assert torch.isnan(pack_trees([t2]).advantages).all()  # no advantages assigned yet
+    with pytest.raises(BfspoError, match="layout"):
+        pack_trees([t], "packed")
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(BfspoError, match="4-D mask"):
+        packed_logprobs(model, p)
+
+
+def test_output_head_runs_in_chunks(model):
+    t = random_tree(5, 4, model.config.vocab_size)
+    packed = pack_trees([t])
+    seen = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    try:
+        packed_logprobs(model, packed, chunk_size=6)[0].sum().backward()
+    finally:
+        hook.remove()
+        model.zero_grad()
+    n = packed.positions.numel()
+    forward = seen[:len(range(0, n, 6))]
+    assert max(seen) <= 6 and sum(forward) == n  # never a [tokens x vocab] block whole
+
+
+def surrogate(lp, old, adv):
+    ratio = torch.exp(lp - old)
+    return torch.minimum(ratio * adv, torch.clamp(ratio, 0.8, 1.28) * adv)
+
+
+def prepared_trees(model, kind, seeds=(11, 12)):
+    """Trees whose old log-probs are the model's own plus noise (so some ratios clip), with advantages."""
+    vocab = model.config.vocab_size
+    trees = []
+    gen = torch.Generator().manual_seed(0)
+    for seed in seeds:
+        t = random_tree(seed, 5, vocab)
+        ref = chain_reference(model, t)
+        for s, j in tokens_dfs(t):
+            t.segments[s].logprobs[j] = ref[(s, j)][0][0] + float(torch.rand(1, generator=gen) - 0.5)
+        assign_rewards(t, overlong=False)
+        assign_advantages(t, kind)
+        trees.append(t)
+    return trees
+
+
+def reference_loss(model, trees, kind):
+    """Eq. 10 (branch: over unique tokens) or Eq. 2 (global: over flattened chains), one chain at a time."""
+    terms = {}
+    for ti, t in enumerate(trees):
+        for leaf in t.leaves():
+            ids = t.prompt_ids + t.path_tokens(leaf)
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+            col = len(t.prompt_ids)
+            for s in t.path(leaf):
+                seg = t.segments[s]
+                for j, tok in enumerate(seg.token_ids):
+                    key = (ti, s, j) if kind == "branch" else (ti, leaf, s, j)
+                    adv = seg.advantage if kind == "branch" else t.segments[leaf].leaf.advantage
+                    terms.setdefault(key, surrogate(logp[col - 1, tok], torch.tensor(seg.logprobs[j]), adv))
+                    col += 1
+    return -torch.stack(list(terms.values())).sum() / len(terms), len(terms)
+
+
+def grads(model, loss):
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.autograd.grad(loss, params)
+
+
+@pytest.mark.parametrize("kind,layout", [("branch", "tree"), ("global", "tree"),
+                                         ("global", "flat"), ("branch", "flat")])
+def test_packed_loss_and_gradients_equal_the_equations(model, kind, layout):
+    trees = prepared_trees(model, kind)
+    ref, n_terms = reference_loss(model, trees, kind)
+    packed = pack_trees(trees, layout)
+    logprobs, _ = packed_logprobs(model, packed, chunk_size=16)
+    loss, stats = policy_loss(logprobs, packed.old_logprobs, packed.advantages)
+    assert stats["n_tokens"] == n_terms == sum(t.n_tokens if kind == "branch" else t.n_chain_tokens for t in trees)
+    assert 0 < stats["clip_frac"] < 1
+    assert loss.item() == pytest.approx(ref.item(), abs=1e-6)
+    for g, g_ref in zip(grads(model, loss), grads(model, ref)):
+        assert torch.allclose(g, g_ref, atol=1e-6, rtol=1e-4)
+
+
+def test_k0_tree_loss_equals_flat_dapo(model):
+    """K = 0: the tree is DAPO's group; branch advantages are Eq. 1; Eq. 10 equals Eq. 2 over the chains."""
+    vocab = model.config.vocab_size
+    rng = random.Random(7)
+    t = SearchTree(prompt_ids=[rng.randrange(vocab) for _ in range(6)], budget=32)
+    for n, ok in [(4, True), (9, False), (6, True), (12, False)]:
+        s = t.add_completion(None, [rng.randrange(vocab) for _ in range(n)], [0.0] * n, [0.5] * n, True, 0)
+        t.segments[s].leaf.correct = ok
+    ref = chain_reference(model, t)
+    for s, j in tokens_dfs(t):
+        t.segments[s].logprobs[j] = ref[(s, j)][0][0] + 0.3 * (-1) ** j
+    assign_rewards(t, overlong=True)
+    assign_advantages(t, "branch")
+    packed = pack_trees([t], "tree")
+    loss, _ = policy_loss(packed_logprobs(model, packed)[0], packed.old_logprobs, packed.advantages)
+    # DAPO from scratch: sequences side by side, the group advantage of Eq. 1 on their rewards
+    rewards = torch.tensor([t.segments[i].leaf.reward for i in t.leaves()])
+    adv = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
+    terms = []
+    for a, leaf in zip(adv, t.leaves()):
+        ids = t.prompt_ids + t.path_tokens(leaf)
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0], -1)
+        old = torch.tensor(t.segments[leaf].logprobs)
+        P = len(t.prompt_ids)
+        lp = logp[torch.arange(P - 1, len(ids) - 1), torch.tensor(ids[P:])]
+        terms.append(surrogate(lp, old, a))
+    dapo = -torch.cat(terms).sum() / sum(len(x) for x in terms)
+    assert loss.item() == pytest.approx(dapo.item(), abs=1e-6)
+    for g, g_ref in zip(grads(model, loss), grads(model, dapo)):
+        assert torch.allclose(g, g_ref, atol=1e-6, rtol=1e-4)
+
+
+def test_trees_sampled_by_the_engine_pack_back_to_their_own_logprobs_and_entropies(model, tiny_model_dir):
+    """End to end with the real sampler: on-policy, the packed log-probs are the engine's pi_old, and
+    the packed entropy after each token is the tree's entropy_after (the engine's next step entropy)."""
+    from transformers import AutoTokenizer
+
+    from bfspo.engine import TransformersEngine
+    from bfspo.search import build_trees
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = [tok("Tom has 3 apples.")["input_ids"], tok("A shop sells 12 pens")["input_ids"]]
+    scorers = [lambda ids: sum(ids) % 2 == 0] * 2
+    trees = build_trees(TransformersEngine(model, tok), prompts, scorers, group_size=3, k=2, budget=10, seed=0)
+    assert sum(len(t.backtracking) for t in trees) >= 1
+    packed = pack_trees(trees)
+    with torch.no_grad():
+        logprobs, entropies = packed_logprobs(model, packed)
+    assert torch.allclose(logprobs, packed.old_logprobs, atol=1e-4, rtol=0)
+    after = torch.tensor([h for t in trees for s in t.dfs() for h in t.segments[s].entropy_after])
+    known = ~after.isnan()
+    assert known.sum() > 0 and torch.allclose(entropies[known], after[known], atol=1e-4, rtol=0)

@@ -1,0 +1,84 @@
+"""`bfspo tree show`: logged trees rendered as text, backtracking tokens marked [[...]] as in Fig. 5."""
+
+from bfspo.advantages import assign_advantages, assign_rewards
+from bfspo.cli import main
+from bfspo.io import write_jsonl
+from bfspo.tree import SearchTree
+
+WORDS = {1: "<eos>", 2: "Let", 3: "'s", 4: " count", 5: " pieces", 6: " are", 7: " left", 8: " 4",
+         9: " her", 10: " ate", 11: " 5"}
+
+
+def decode(ids):
+    return [WORDS[i] for i in ids]
+
+
+def logged_tree():
+    """o_1 = Let's count pieces are left 4 <eos>; w^b = ' pieces'; the new branch ' her ate 4 <eos>'."""
+    t = SearchTree(prompt_ids=[50, 51, 52], budget=12)
+    s = t.add_completion(None, [2, 3, 4, 5, 6, 7, 8, 1], [-0.1] * 8, [0.1, 0.1, 0.1, 0.1, 2.0, 0.1, 0.1, 0.1], True, 0)
+    w = t.add_completion(None, [2, 11, 1], [-0.1] * 3, [0.1] * 3, True, 0)
+    t.segments[s].leaf.correct = True
+    b = t.split(s, 3)
+    t.segments[b].ends_in_B = True
+    n = t.add_completion(b, [9, 8, 1], [-0.2] * 3, [0.3] * 3, True, 1)
+    t.segments[n].leaf.correct = True
+    t.selected = [{"iteration": 1, "leaf": s, "length": 8}]
+    t.backtracking = [{"iteration": 1, "depth": 4, "path_length": 8, "entropy": 2.0, "leaf": s, "segment": b}]
+    assign_rewards(t, overlong=False)
+    assign_advantages(t, "branch")
+    t.meta = {"question": "pies"}
+    return t, dict(s=s, w=w, b=b, n=n)
+
+
+def test_render_marks_backtracking_tokens_and_lists_the_selected_paths(tmp_path, capsys):
+    t, ids = logged_tree()
+    path = tmp_path / "step_00001.jsonl"
+    write_jsonl(path, [t.to_dict(decode), t.to_dict()])
+    assert main(["tree", "show", str(path), "--index", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "3 leaves (2 correct)" in out
+    assert "expansion 1: w^b at depth 4 on a path of 8 tokens (leaf 0), entropy 2.000" in out
+    assert "o_1 (leaf 0, 8 tokens): \"Let's count[[ pieces]] are left 4<eos>\"" in out
+    assert "best (leaf 3, 7 tokens): \"Let's count[[ pieces]] her 4<eos>\"" in out
+    # the outline: w^b's segment first, its two children indented below it
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("- seg 2"))
+    assert "\"Let's count[[ pieces]]\"" in lines[first]
+    assert lines[first + 1].startswith("  - seg 0") and "leaf correct, 8 tokens" in lines[first + 1]
+    assert lines[first + 2].startswith("  - seg 3") and "' her 4<eos>'" in lines[first + 2]
+    assert lines[first + 3].startswith("- seg 1") and "leaf wrong" in lines[first + 3]
+    # without logged text (and no tokenizer) token ids are shown
+    assert main(["tree", "show", str(path), "--index", "1"]) == 0
+    assert "<2><3><4>[[<5>]]" in capsys.readouterr().out
+    assert main(["tree", "show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("selected paths") == 2 and "tree 1:" in out
+
+
+def test_bad_files_and_indexes_are_clear_errors(tmp_path, capsys):
+    t, _ = logged_tree()
+    path = tmp_path / "trees.jsonl"
+    write_jsonl(path, [t.to_dict(decode)])
+    assert main(["tree", "show", str(path), "--index", "3"]) == 2
+    assert "out of range" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    write_jsonl(bad, [{"hello": 1}])
+    assert main(["tree", "show", str(bad)]) == 2
+    assert "bad.jsonl:1: not a logged search tree" in capsys.readouterr().err
+    assert main(["tree", "show", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_tokenizer_decodes_trees_logged_without_text(tmp_path, capsys, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = tok("Tom has 3 apples.")["input_ids"]
+    t = SearchTree(prompt_ids=[0], budget=len(ids) + 1)
+    t.add_completion(None, ids, [0.0] * len(ids), [0.0] * len(ids), False, 0)
+    path = tmp_path / "t.jsonl"
+    write_jsonl(path, [t.to_dict()])
+    assert main(["tree", "show", str(path), "--tokenizer", str(tiny_model_dir)]) == 0
+    assert "'Tom has 3 apples.'" in capsys.readouterr().out
+    assert main(["tree", "show", str(path), "--tokenizer", str(tmp_path / "nope")]) == 2
+    assert "tokenizer" in capsys.readouterr().err
