@@ -12,7 +12,6 @@ exists only for a finished run (any earlier one is removed when a run starts).
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 
@@ -136,13 +135,13 @@ def build_engine(args) -> tuple[RolloutEngine, object, int | None]:
 
 
 def log_to_wandb(summary: dict, args) -> None:
-    import wandb
+    from bfspo import tracking
 
-    run = wandb.init(project=args.wandb_project, group=args.wandb_group, job_type="eval",
-                     name=args.run_name or args.out_dir.name, config=summary,
-                     mode=os.environ.get("WANDB_MODE", "offline"), dir=os.environ.get("WANDB_DIR", str(args.out_dir)))
-    run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
-    run.finish()
+    run = tracking.start(args.out_dir, summary, project=args.wandb_project, group=args.wandb_group,
+                         job_type="eval", name=args.run_name or args.out_dir.name)
+    if run is not None:
+        run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+    tracking.finish(run)
 
 
 def run(args) -> int:

@@ -7,6 +7,7 @@ is kept in its directory, so a resumed training run continues the same W&B run.
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 
@@ -20,7 +21,7 @@ def start(run_dir: Path, config: dict, *, project: str, group: str | None, job_t
 
     run_dir.mkdir(parents=True, exist_ok=True)
     id_file = run_dir / "wandb_id.txt"
-    run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
     id_file.write_text(run_id + "\n")
     return wandb.init(project=project, group=group, job_type=job_type, name=name, config=config,
                       dir=str(run_dir), mode=mode, id=run_id, resume="allow", reinit="finish_previous")
