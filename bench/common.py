@@ -1,0 +1,73 @@
+"""Shared pieces of the benchmarks: random-weight model shapes and a timer.
+
+Speed does not depend on the weights' values, so every benchmark builds its model offline from a
+config with random weights (no hub). Times are medians over repeats after warm-up; on CUDA they are
+taken with CUDA events.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+# name -> Qwen2Config fields. "0.5b" and "3b" are Qwen2.5-0.5B / 3B shaped; "cpu" fits a laptop core.
+SHAPES = {
+    "cpu": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                num_key_value_heads=2, vocab_size=8192),
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936),
+    "3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+               num_key_value_heads=2, vocab_size=151936),
+}
+
+
+def device_and_dtype() -> tuple[torch.device, torch.dtype]:
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+
+def random_model(shape: str, attn: str = "sdpa"):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    device, dtype = device_and_dtype()
+    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=4096, tie_word_embeddings=shape != "3b",
+                         attn_implementation=attn)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config).to(device=device, dtype=dtype).eval()
+
+
+def timed(fn, repeats: int = 5, warmup: int = 2) -> float:
+    """Median seconds of fn() after warm-up."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1000)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"CPU ({torch.get_num_threads()} threads)"
+
+
+def print_table(title: str, header: list[str], rows: list[list]) -> None:
+    print(f"\n### {title}  [{device_name()}, torch {torch.__version__}]\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(f"{x:.3g}" if isinstance(x, float) else str(x) for x in row) + " |")
