@@ -17,14 +17,13 @@ published split sizes; a mismatch is an error unless skipping was requested.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from bfspo.errors import BfspoError
-from bfspo.io import write_json, write_jsonl
+from bfspo.io import read_jsonl, write_json, write_jsonl
 from bfspo.prompts import CHOICE_LETTERS, format_choices
 from bfspo.rewards import last_boxed
 
@@ -135,23 +134,17 @@ def prepare_split(split: Split, raw_dir: Path, skip_malformed: bool = False) -> 
     if not path.is_file():
         raise BfspoError(f"{path}: raw file for split {split.name!r} not found")
     rows, malformed = [], []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                if not isinstance(obj, dict):
-                    raise Malformed(f"expected a JSON object, got {type(obj).__name__}")
-                row = split.parse(obj)
-            except (json.JSONDecodeError, Malformed) as e:
-                problem = f"not valid JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) else str(e)
-                if not skip_malformed:
-                    raise BfspoError(f"{path}:{lineno}: {problem}") from None
-                malformed.append({"line": lineno, "problem": problem})
-                continue
-            rows.append({"id": f"{split.name}-{lineno - 1}", "question": row.pop("question"),
-                         "answer": row.pop("answer"), "benchmark": split.name, **row})
+    for lineno, obj in read_jsonl(path, skipped=malformed if skip_malformed else None):
+        try:
+            row = split.parse(obj)
+        except Malformed as e:
+            if not skip_malformed:
+                raise BfspoError(f"{path}:{lineno}: {e}") from None
+            malformed.append({"line": lineno, "problem": str(e)})
+            continue
+        rows.append({"id": f"{split.name}-{lineno - 1}", "question": row.pop("question"),
+                     "answer": row.pop("answer"), "benchmark": split.name, **row})
+    malformed.sort(key=lambda m: m["line"])
     count_ok = len(rows) == split.count
     if not count_ok and not skip_malformed:
         raise BfspoError(f"{path}: {len(rows)} rows, but split {split.name!r} has {split.count}")

@@ -42,8 +42,12 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
     return len(lines)
 
 
-def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, object) for each non-empty line; a line that is not a JSON object is an error."""
+def read_jsonl(path: str | os.PathLike, skipped: list | None = None) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, object) for each non-empty line.
+
+    A line that is not a JSON object is an error naming file:line, or, when a `skipped` list is
+    given, is recorded there as {"line", "problem"} and skipped (never silently).
+    """
     path = Path(path)
     if not path.is_file():
         raise BfspoError(f"{path}: no such file")
@@ -53,11 +57,15 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
                 continue
             try:
                 obj = json.loads(line)
+                problem = None if isinstance(obj, dict) else f"expected a JSON object, got {type(obj).__name__}"
             except json.JSONDecodeError as e:
-                raise BfspoError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise BfspoError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
+                problem = f"not valid JSON ({e.msg})"
+            if problem is None:
+                yield lineno, obj
+            elif skipped is None:
+                raise BfspoError(f"{path}:{lineno}: {problem}")
+            else:
+                skipped.append({"line": lineno, "problem": problem})
 
 
 def read_json(path: str | os.PathLike) -> Any:

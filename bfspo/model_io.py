@@ -7,13 +7,13 @@ cache while offline, an adapter trained on another base model) is a BfspoError n
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 
 from bfspo.errors import BfspoError
+from bfspo.io import read_json
 
 
 def default_device() -> torch.device:
@@ -84,10 +84,7 @@ def read_adapter_config(adapter: str) -> dict:
         raise BfspoError(f"{adapter}: no such adapter directory")
     if not config.is_file():
         raise BfspoError(f"{adapter}: not a peft adapter directory (no adapter_config.json)")
-    try:
-        return json.loads(config.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise BfspoError(f"{config}: not valid JSON ({e.msg})") from None
+    return read_json(config)
 
 
 def check_adapter(adapter: str, name: str) -> dict:

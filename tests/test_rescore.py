@@ -3,7 +3,6 @@ engine like vLLM does not return."""
 
 import math
 
-import pytest
 import torch
 
 from bfspo.engine import Completion, TransformersEngine
