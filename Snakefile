@@ -1,0 +1,27 @@
+"""BFS-PO: the paper's tables as a DAG.
+
+    snakemake --cores 2                                     # the embedded toy (config/config.yaml)
+    snakemake --profile slurm --configfile config/paper.yaml  # the full reproduction on Slurm
+
+The config declares the experiment matrix; workflow/rules/common.smk derives the runs from it.
+See docs/workflow.md and config/README.md.
+"""
+
+# The toy is the default. A --configfile on the command line replaces it instead of being merged
+# into it (Snakemake merges by default, which would mix the toy's models into the paper's).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/toy.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/tables.smk"
+
+
+rule all:
+    input:
+        final_outputs(),

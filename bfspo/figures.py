@@ -1,0 +1,233 @@
+"""`bfspo figures`: the figures of one table (matplotlib, Agg; each as PNG and PDF).
+
+    bfspo figures --spec JSON --summaries S.json ... [--runs-dir results/runs] [--reported CSV] --out-dir DIR
+
+  pareto_<train set>_<benchmark>   accuracy against average length, one panel per model: every
+                                   method of ours (mean ± std over seeds), the paper's and the
+                                   reported numbers as hollow markers, and the Pareto front of ours
+                                   (no other point is both shorter and at least as accurate);
+  curves_<model>_<train set>       reward, accuracy and mean length against step, one line per
+                                   method (mean over seeds), from each run's metrics.jsonl;
+  backtracking_<model>_<train set> where the search backtracked: the depth of each backtracking
+                                   token, in tokens and relative to its path's length, from the
+                                   runs' trees/*.jsonl ("backtracking" records of SearchTree.to_dict).
+
+The spec and the summaries are those of `bfspo tables build`; training runs are found as
+<runs-dir>/<meta.run>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bfspo.errors import BfspoError
+from bfspo.io import read_jsonl
+from bfspo.tables import ZERO_SHOT, aggregate, load_reported, load_spec, load_summaries, score
+
+CURVES = [("reward_mean", "reward"), ("accuracy", "accuracy"), ("len_mean", "mean length (tokens)")]
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the (length, accuracy) points that no other point dominates (shorter or equal
+    and at least as accurate, strictly better in one), ordered by length."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front, best = [], -math.inf
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out_dir: Path, stem: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.{ext}" for ext in ("png", "pdf")]
+    for path in paths:
+        tmp = path.with_name(f".{path.name}.tmp")
+        fig.savefig(tmp, format=path.suffix[1:], dpi=150, bbox_inches="tight")
+        tmp.replace(path)
+    _pyplot().close(fig)
+    return paths
+
+
+def _method_labels(spec: dict) -> dict[str, str]:
+    """method key -> a label that tells methods of equal name apart (BFS-PO K=1, K=2, ...)."""
+    labels = {ZERO_SHOT: "Zero-shot"}
+    names = [m["label"] for m in spec["methods"]]
+    for m in spec["methods"]:
+        labels[m["key"]] = f"{m['label']} K={m['k']}" if names.count(m["label"]) > 1 else m["label"]
+    return labels
+
+
+def pareto_figures(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame, out_dir: Path) -> list[Path]:
+    plt = _pyplot()
+    ours = aggregate(score(summaries))
+    labels = _method_labels(spec)
+    tables = spec.get("paper_tables", []) + ([spec["reported"]["table"]] if spec.get("reported") else [])
+    paths = []
+    for col in spec["columns"]:
+        fig, axes = plt.subplots(1, len(spec["models"]), figsize=(5 * len(spec["models"]), 4), squeeze=False)
+        for ax, model in zip(axes[0], spec["models"]):
+            points, names = [], []
+            for key in [ZERO_SHOT] + [m["key"] for m in spec["methods"]]:
+                cell = ours.get((model["key"], key, "" if key == ZERO_SHOT else col["train_set"], col["benchmark"]))
+                if cell is None:
+                    continue
+                (acc, acc_sd, _), (length, len_sd, _) = cell["acc"], cell["avg_len"]
+                ax.errorbar(length, acc, xerr=len_sd, yerr=acc_sd, fmt="o", capsize=3, label=labels[key])
+                points.append((length, acc))
+                names.append(key)
+            if points:
+                front = [points[i] for i in pareto_front(points)]
+                ax.scatter([p[0] for p in front], [p[1] for p in front], s=160, facecolors="none", edgecolors="black",
+                           label="Pareto front (ours)")
+                ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="black", lw=1, ls="--")
+            paper = reported[reported.table.isin(tables) & (reported.model == model["label"])
+                             & (reported.benchmark == col["benchmark"]) & (reported.train_set == col["train_set"])]
+            paper = paper.drop_duplicates(["method", "ratio", "K"])
+            for r in paper.itertuples():
+                tag = r.method + (f" r={r.ratio:.1f}" if not pd.isna(r.ratio) else "") + (f" K={int(r.K)}" if not pd.isna(r.K) else "")
+                ax.scatter(r.avg_len, r.acc, facecolors="none", edgecolors="grey", s=30)
+                ax.annotate(tag, (r.avg_len, r.acc), fontsize=6, color="grey", xytext=(3, 3), textcoords="offset points")
+            ax.set_title(f"{model['label']}: {col['label']} (trained on {col.get('train_label', col['train_set'])})", fontsize=9)
+            ax.set_xlabel("average length (tokens)")
+            ax.set_ylabel("accuracy (%)")
+            ax.grid(alpha=0.3)
+            if points:
+                ax.legend(fontsize=7)
+        paths += _save(fig, out_dir, f"pareto_{col['train_set']}_{col['benchmark']}")
+    return paths
+
+
+def _trained_runs(spec: dict, summaries: pd.DataFrame, runs_dir: Path) -> pd.DataFrame:
+    """One row per training run of the table: model, train_set, method, seed, dir."""
+    runs = summaries[
+        summaries.method.isin([m["key"] for m in spec["methods"]])
+        & summaries.model.isin([m["key"] for m in spec["models"]])
+        & summaries.train_set.isin([c["train_set"] for c in spec["columns"]])
+    ].drop_duplicates("run")
+    return runs.assign(dir=[runs_dir / r for r in runs.run])[["model", "train_set", "method", "seed", "dir"]]
+
+
+def load_metrics(run_dir: Path) -> pd.DataFrame:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return pd.DataFrame()
+    return pd.DataFrame([row for _, row in read_jsonl(path)])
+
+
+def curve_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
+    plt = _pyplot()
+    labels = _method_labels(spec)
+    paths = []
+    for (model, train_set), group in runs.groupby(["model", "train_set"], sort=False):
+        fig, axes = plt.subplots(1, len(CURVES), figsize=(5 * len(CURVES), 3.6))
+        drawn = False
+        for method in [m["key"] for m in spec["methods"]]:
+            frames = [load_metrics(d) for d in group[group.method == method].dir]
+            frames = [f for f in frames if len(f) and "step" in f.columns]
+            if not frames:
+                continue
+            mean = pd.concat(frames).groupby("step").mean(numeric_only=True)
+            for ax, (key, _) in zip(axes, CURVES):
+                if key in mean.columns:
+                    ax.plot(mean.index, mean[key], label=labels[method])
+                    drawn = True
+        for ax, (_, name) in zip(axes, CURVES):
+            ax.set_xlabel("step")
+            ax.set_ylabel(name)
+            ax.grid(alpha=0.3)
+        if not drawn:
+            plt.close(fig)
+            print(f"no metrics.jsonl for {model} / {train_set}: no training curves", file=sys.stderr)
+            continue
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"{model}, trained on {train_set}", fontsize=10)
+        paths += _save(fig, out_dir, f"curves_{model}_{train_set}")
+    return paths
+
+
+def backtracking_depths(run_dir: Path) -> tuple[list[float], list[float]]:
+    """(depth, depth / path length) of every backtracking record in run_dir/trees/*.jsonl."""
+    depths, relative = [], []
+    for path in sorted((run_dir / "trees").glob("*.jsonl")):
+        for lineno, tree in read_jsonl(path):
+            for b in tree.get("backtracking", []):
+                if "depth" not in b:
+                    raise BfspoError(f"{path}:{lineno}: a backtracking record without a depth")
+                depths.append(b["depth"])
+                if b.get("path_length"):
+                    relative.append(b["depth"] / b["path_length"])
+    return depths, relative
+
+
+def backtracking_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
+    plt = _pyplot()
+    labels = _method_labels(spec)
+    searched = {m["key"] for m in spec["methods"] if m["k"] > 0}
+    paths = []
+    for (model, train_set), group in runs[runs.method.isin(searched)].groupby(["model", "train_set"], sort=False):
+        series = {}
+        for method, rows in group.groupby("method", sort=False):
+            depths, relative = [], []
+            for d in rows.dir:
+                a, r = backtracking_depths(d)
+                depths += a
+                relative += r
+            if depths:
+                series[labels[method]] = (depths, relative)
+        if not series:
+            print(f"no logged trees for {model} / {train_set}: no backtracking histogram", file=sys.stderr)
+            continue
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+        top = max(max(d) for d, _ in series.values())
+        for name, (depths, relative) in series.items():
+            ax1.hist(depths, bins=np.linspace(0, top, 31), histtype="step", density=True, label=f"{name} (n={len(depths)})")
+            if relative:
+                ax2.hist(relative, bins=np.linspace(0, 1, 21), histtype="step", density=True, label=name)
+        ax1.set_xlabel("backtracking depth (tokens from the prompt)")
+        ax2.set_xlabel("backtracking depth / length of its path")
+        for ax in (ax1, ax2):
+            ax.set_ylabel("density")
+            ax.grid(alpha=0.3)
+        ax1.legend(fontsize=7)
+        fig.suptitle(f"Backtracking positions: {model}, trained on {train_set}", fontsize=10)
+        paths += _save(fig, out_dir, f"backtracking_{model}_{train_set}")
+    return paths
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", required=True, help="the table spec: JSON text or a JSON file")
+    parser.add_argument("--summaries", nargs="+", default=[], help="evaluation summary.json files")
+    parser.add_argument("--runs-dir", default="results/runs", type=Path, help="where the training run directories are")
+    parser.add_argument("--reported", help="the paper's numbers (data/reported_results.csv), drawn hollow")
+    parser.add_argument("--out-dir", required=True, type=Path)
+
+
+def run(args) -> int:
+    spec = load_spec(args.spec)
+    summaries = load_summaries(args.summaries)
+    reported = load_reported(args.reported)
+    runs = _trained_runs(spec, summaries, args.runs_dir)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    paths = pareto_figures(spec, summaries, reported, args.out_dir)
+    paths += curve_figures(spec, runs, args.out_dir)
+    paths += backtracking_figures(spec, runs, args.out_dir)
+    for path in paths:
+        print(path)
+    return 0

@@ -1,0 +1,69 @@
+"""`bfspo report`: log a table's CSVs (as wandb.Table) and its figures (as images) to a `report` run
+in the table's W&B group, beside the group's training and evaluation runs.
+
+    bfspo report --project P --group G [--mode offline] --tables T.csv ... --figures DIR ...
+                 --wandb-dir results/wandb --out results/report/G.json
+
+Offline by default (no account; `wandb sync <wandb-dir>/...` uploads later); WANDB_MODE wins, as
+for every bfspo run. --out records what was logged, and is written last.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from bfspo import tracking
+from bfspo.errors import BfspoError
+from bfspo.io import write_json
+
+
+def collect(tables: list[Path], figure_dirs: list[Path]) -> tuple[list[Path], list[Path]]:
+    """The table files and the PNG figures to log; a missing one is an error."""
+    missing = [str(p) for p in tables if not p.is_file()] + [str(d) for d in figure_dirs if not d.is_dir()]
+    if missing:
+        raise BfspoError(f"nothing to report at {', '.join(missing)}")
+    return tables, sorted(p for d in figure_dirs for p in d.glob("*.png"))
+
+
+def log_report(run, tables: list[Path], figures: list[Path]) -> None:
+    import wandb
+
+    row = {f"table/{p.stem}": wandb.Table(dataframe=pd.read_csv(p, dtype=str, keep_default_na=False)) for p in tables}
+    row |= {f"figure/{p.stem}": wandb.Image(str(p)) for p in figures}
+    run.log(row)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--project", required=True, help="W&B project")
+    parser.add_argument("--group", required=True, help="W&B group: the table's name")
+    parser.add_argument("--mode", default="offline", choices=["offline", "online", "disabled"])
+    parser.add_argument("--name", default="report", help="W&B run name")
+    parser.add_argument("--tables", nargs="+", default=[], type=Path, help="table CSV files")
+    parser.add_argument("--figures", nargs="+", default=[], type=Path, help="folders of PNG figures")
+    parser.add_argument("--wandb-dir", default="results/wandb", type=Path, help="where the offline run is written")
+    parser.add_argument("--out", required=True, type=Path, help="JSON record of the report run (written last)")
+
+
+def run(args) -> int:
+    tables, figures = collect(args.tables, args.figures)
+    run_dir = args.wandb_dir / f"report-{args.group}"
+    wb = tracking.start(run_dir, {"tables": [str(p) for p in tables]}, project=args.project, group=args.group,
+                        job_type="report", name=args.name, mode=args.mode)
+    if wb is not None:
+        log_report(wb, tables, figures)
+    record = {
+        "project": args.project,
+        "group": args.group,
+        "mode": "disabled" if wb is None else wb.settings.mode,
+        "run_id": None if wb is None else wb.id,
+        "run_dir": str(run_dir),
+        "tables": [str(p) for p in tables],
+        "figures": [str(p) for p in figures],
+    }
+    tracking.finish(wb)
+    write_json(args.out, record)
+    print(f"report: {len(tables)} tables, {len(figures)} figures -> W&B group {args.group} ({record['mode']})")
+    return 0

@@ -1,0 +1,326 @@
+"""`bfspo tables`: the paper's tables, built from evaluation summaries, beside the paper's own rows.
+
+    bfspo tables build --spec JSON --summaries S.json ... [--reported CSV] --out-dir DIR
+    bfspo tables consistency --reported CSV --out-dir DIR
+
+`build` writes DIR/<name>.csv, .md and .tex (booktabs), in the paper's column order plus a
+Source column:
+  ours      our runs, mean ± std over seeds; AES (App. E) against OUR zero-shot run of the same
+            model and benchmark, per seed;
+  paper     the paper's printed number for the row above it (reported_results.csv);
+  reported  rows the paper took from other work (SFT, TokenSkip, Tree of Thoughts), never run here.
+The spec (JSON text or a file; the workflow writes it, see workflow/rules/common.smk `table_spec`)
+names the table's layout, models, methods and columns (train set -> benchmark). Summaries are
+matched to cells by the meta that the workflow passes to `bfspo evaluate`: model, method
+("zero-shot" for the base model), train_set and seed.
+
+`consistency` recomputes the AES of every paper row from its own printed accuracy and length
+(`bfspo.metrics.aes_consistency`) and lists the rows whose printed AES disagrees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from bfspo.errors import BfspoError
+from bfspo.io import atomic_write_text, read_json
+from bfspo.metrics import aes, aes_consistency
+
+ZERO_SHOT = "zero-shot"
+OURS, PAPER, REPORTED = "ours", "paper", "reported"
+METRICS = [("acc", "Acc.", 1), ("avg_len", "Avg. Len.", 0), ("aes", "AES", 2)]
+DESCRIPTORS = {
+    "ablation": ["Method", "K", "Branch Adv.", "Len. Penalty"],
+    "models": ["Model", "Method"],
+    "ratios": ["Model", "Method", "Ratio"],
+}
+REPORTED_COLUMNS = ["table", "model", "train_set", "benchmark", "domain", "method", "K", "ratio", "acc", "avg_len", "aes"]
+LEGEND = (
+    "Source: ours = this repository's runs (mean ± std over seeds; AES against our own zero-shot run); "
+    "paper = the paper's printed number for the row above; "
+    "reported = taken by the paper from other work, not run here."
+)
+YES, NO, NONE = "✓", "✗", "-"
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+
+
+def load_spec(text_or_path: str) -> dict:
+    """A table spec given as JSON text or as the path of a JSON file."""
+    if not text_or_path.lstrip().startswith("{"):
+        return read_json(text_or_path)
+    try:
+        return json.loads(text_or_path)
+    except json.JSONDecodeError as e:
+        raise BfspoError(f"--spec: not valid JSON ({e.msg})") from None
+
+
+def load_summaries(paths: list[str]) -> pd.DataFrame:
+    """One row per summary.json: model, method, train_set, seed, benchmark, acc, avg_len."""
+    rows = []
+    for path in paths:
+        s = read_json(path)
+        meta = s.get("meta", {}) if isinstance(s, dict) else {}
+        missing = [k for k in ("benchmark", "accuracy", "avg_length") if k not in s] + [
+            f"meta.{k}" for k in ("model", "method") if k not in meta
+        ]
+        if missing:
+            raise BfspoError(f"{path}: summary lacks {', '.join(missing)}")
+        rows.append(
+            dict(
+                model=meta["model"],
+                method=meta["method"],
+                train_set=meta.get("train_set", ""),
+                seed=meta.get("seed", ""),
+                benchmark=s["benchmark"],
+                acc=float(s["accuracy"]),
+                avg_len=float(s["avg_length"]),
+                run=meta.get("run", ""),
+                path=str(path),
+            )
+        )
+    return pd.DataFrame(rows, columns=["model", "method", "train_set", "seed", "benchmark", "acc", "avg_len", "run", "path"])
+
+
+def load_reported(path: str | None) -> pd.DataFrame:
+    """The paper's numbers (data/reported_results.csv); empty when no file is given."""
+    if path is None:
+        return pd.DataFrame(columns=REPORTED_COLUMNS)
+    if not Path(path).is_file():
+        raise BfspoError(f"{path}: no such file")
+    df = pd.read_csv(path)
+    missing = [c for c in REPORTED_COLUMNS if c not in df.columns]
+    if missing:
+        raise BfspoError(f"{path}: missing columns {', '.join(missing)}")
+    return df
+
+
+# ---- our numbers -------------------------------------------------------------------------------
+
+
+def score(summaries: pd.DataFrame) -> pd.DataFrame:
+    """Add each summary's AES against the zero-shot summary of the same model and benchmark
+    (NaN where there is none, or where the zero-shot accuracy is 0 and AES is undefined)."""
+    base = summaries[summaries.method == ZERO_SHOT]
+    dup = base[base.duplicated(["model", "benchmark"], keep=False)]
+    if len(dup):
+        raise BfspoError(f"two zero-shot summaries for the same model and benchmark: {', '.join(dup.path)}")
+    base = base.set_index(["model", "benchmark"])
+
+    def row_aes(r):
+        if (r.model, r.benchmark) not in base.index:
+            return math.nan
+        b = base.loc[(r.model, r.benchmark)]
+        try:
+            return aes(r.acc, r.avg_len, b.acc, b.avg_len)
+        except BfspoError as e:
+            print(f"warning: no AES for {r.path}: {e}", file=sys.stderr)
+            return math.nan
+
+    out = summaries.copy()
+    out["aes"] = [row_aes(r) for r in summaries.itertuples()] if len(summaries) else []
+    return out
+
+
+def aggregate(scored: pd.DataFrame) -> dict[tuple, dict]:
+    """(model, method, train_set, benchmark) -> {metric: (mean, std, n)} over seeds."""
+    cells = {}
+    for key, g in scored.groupby(["model", "method", "train_set", "benchmark"], sort=False):
+        cells[key] = {m: (g[m].mean(), g[m].std(ddof=1) if len(g) > 1 else 0.0, len(g)) for m, _, _ in METRICS}
+    return cells
+
+
+def fmt(mean: float, std: float = 0.0, n: int = 1, digits: int = 1) -> str:
+    """`85.6`, or `85.6 ± 0.4` over several seeds; `-` when missing."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return NONE
+    text = f"{mean:.{digits}f}"
+    return f"{text} ± {std:.{digits}f}" if n > 1 and not math.isnan(std) else text
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+
+def _paper_cell(reported: pd.DataFrame, tables: list[str], model_label: str, method: str, col: dict,
+                k: int | None = None, ratio: float | None = None) -> dict | None:
+    """The paper's number for one cell, from the first of `tables` that has it. A row with a K
+    matches only that K (a row without one matches any); a ratio, when given, must match."""
+    for table in tables:
+        rows = reported[
+            (reported.table == table) & (reported.model == model_label) & (reported.method == method)
+            & (reported.train_set == col["train_set"]) & (reported.benchmark == col["benchmark"])
+        ]
+        if k is not None:
+            rows = rows[rows.K.isna() | (rows.K == k)]
+        if ratio is not None:
+            rows = rows[rows.ratio == ratio]
+        if len(rows):
+            r = rows.iloc[0]
+            return {m: (float(r[m]), 0.0, 1) for m, _, _ in METRICS}
+    return None
+
+
+def _cells(values: list[dict | None]) -> list[str]:
+    return [fmt(*v[m], digits=d) if v else NONE for v in values for m, _, d in METRICS]
+
+
+def _descriptors(layout: str, model: dict, label: str, method: dict | None, ratio=None) -> list[str]:
+    if layout == "ablation":
+        if method is None:
+            return [label, NONE, NONE, NONE]
+        branch = NONE if method["k"] == 0 else (YES if method["advantage"] == "branch" else NO)
+        return [label, str(method["k"]), branch, YES if method["overlong"] else NO]
+    if layout == "ratios":
+        return [model["label"], label, NONE if ratio is None or pd.isna(ratio) else f"{ratio:.1f}"]
+    return [model["label"], label]
+
+
+def build_rows(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame) -> list[list[str]]:
+    """The table's rows: per model, zero-shot, the reported-only methods, then each of our
+    methods; each of our rows is followed by the paper's row for it, where the paper has one."""
+    layout, columns, paper_tables = spec["layout"], spec["columns"], spec.get("paper_tables", [])
+    ours = aggregate(score(summaries))
+    rows = []
+
+    def add_ours(model, label, key, method=None):
+        values = [ours.get((model["key"], key, "" if key == ZERO_SHOT else c["train_set"], c["benchmark"])) for c in columns]
+        seeds = max((v["acc"][2] for v in values if v), default=0)
+        source = OURS if seeds <= 1 else f"{OURS} ({seeds} seeds)"
+        rows.append(_descriptors(layout, model, label, method) + _cells(values) + [source])
+        paper_name = ZERO_SHOT if method is None else method.get("paper")
+        if paper_name:
+            k = None if method is None else method["k"]
+            pvalues = [_paper_cell(reported, paper_tables, model["label"], paper_name, c, k=k) for c in columns]
+            if any(pvalues):
+                rows.append(_descriptors(layout, model, label, method) + _cells(pvalues) + [PAPER])
+
+    rep = spec.get("reported") or {}
+    for model in spec["models"]:
+        add_ours(model, "Zero-shot", ZERO_SHOT)
+        for name, label in rep.get("methods", {}).items():
+            mine = reported[(reported.table == rep["table"]) & (reported.model == model["label"]) & (reported.method == name)]
+            for ratio in mine.ratio.drop_duplicates():
+                r = None if pd.isna(ratio) else float(ratio)
+                pvalues = [_paper_cell(reported, [rep["table"]], model["label"], name, c, ratio=r) for c in columns]
+                if any(pvalues):
+                    rows.append(_descriptors(layout, model, label, None, r) + _cells(pvalues) + [REPORTED])
+        for method in spec["methods"]:
+            add_ours(model, method["label"], method["key"], method)
+    return rows
+
+
+def column_labels(spec: dict) -> list[tuple[str, str]]:
+    """(group, metric) per column; the group is empty for the descriptors and for one-column tables."""
+    cols = [("", d) for d in DESCRIPTORS[spec["layout"]]]
+    for c in spec["columns"]:
+        domain = {"in": " (in-domain)", "out": " (out-of-domain)"}.get(c.get("domain"), "")
+        group = c["label"] + domain if len(spec["columns"]) > 1 else ""
+        cols += [(group, name) for _, name, _ in METRICS]
+    return cols + [("", "Source")]
+
+
+def build_table(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame(build_rows(spec, summaries, reported), columns=pd.MultiIndex.from_tuples(column_labels(spec)))
+
+
+def _flat(df: pd.DataFrame) -> pd.DataFrame:
+    flat = df.copy()
+    flat.columns = [f"{g} {m}".strip() for g, m in df.columns]
+    return flat
+
+
+LATEX_SUBS = [("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("#", r"\#"), ("_", r"\_"),
+              ("±", r"$\pm$"), (YES, r"\checkmark"), (NO, r"$\times$")]
+
+
+def latex_escape(text: str) -> str:
+    for old, new in LATEX_SUBS:
+        text = text.replace(old, new)
+    return text
+
+
+def to_latex(df: pd.DataFrame, spec: dict) -> str:
+    """booktabs tabular in the paper's column order (descriptors, then Acc./Avg. Len./AES per column)."""
+    body = df.map(latex_escape)
+    body.columns = pd.MultiIndex.from_tuples([(latex_escape(g), latex_escape(m)) for g, m in df.columns])
+    if len(spec["columns"]) == 1:
+        body.columns = body.columns.droplevel(0)
+    n_desc = len(DESCRIPTORS[spec["layout"]])
+    fmt_cols = "l" * n_desc + "c" * (len(df.columns) - n_desc - 1) + "l"
+    return body.style.hide(axis="index").to_latex(
+        hrules=True,
+        column_format=fmt_cols,
+        multicol_align="c",
+        caption=latex_escape(spec["title"]),
+        label=f"tab:{spec['name']}",
+        position_float="centering",
+    )
+
+
+def write_table(spec: dict, df: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    paths = [out / f"{spec['name']}.{ext}" for ext in ("csv", "md", "tex")]
+    flat = _flat(df)
+    atomic_write_text(paths[0], flat.to_csv(index=False))
+    atomic_write_text(paths[1], f"## {spec['title']}\n\n{flat.to_markdown(index=False, disable_numparse=True)}\n\n{LEGEND}\n")
+    atomic_write_text(paths[2], to_latex(df, spec))
+    return paths
+
+
+# ---- the consistency report -------------------------------------------------------------------
+
+
+def write_consistency(reported: pd.DataFrame, out_dir: str | Path) -> pd.DataFrame:
+    """aes_consistency.csv (every checked row) and .md (the rows whose printed AES disagrees)."""
+    checked = aes_consistency(reported)
+    bad = checked[~checked.consistent]
+    out = Path(out_dir)
+    atomic_write_text(out / "aes_consistency.csv", checked.to_csv(index=False))
+    cols = ["table", "model", "train_set", "benchmark", "method", "K", "ratio", "acc", "avg_len", "aes",
+            "base_acc", "base_len", "aes_recomputed", "aes_min", "aes_max"]
+    shown = bad[[c for c in cols if c in bad.columns]]
+    body = shown.astype(object).where(shown.notna(), "").to_markdown(index=False, disable_numparse=True) if len(bad) else "(none)"
+    atomic_write_text(
+        out / "aes_consistency.md",
+        "## Paper rows whose printed AES disagrees with its own formula\n\n"
+        f"{len(bad)} of {len(checked)} rows with a zero-shot baseline disagree: the printed AES lies "
+        "outside the range that AES (App. E; alpha=1, beta=3, gamma=5) takes over every unrounded "
+        "accuracy and length consistent with the printed ones.\n\n"
+        f"{body}\n",
+    )
+    return bad
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    b = sub.add_parser("build", help="one table as CSV, Markdown and LaTeX")
+    b.add_argument("--spec", required=True, help="the table spec: JSON text or a JSON file")
+    b.add_argument("--summaries", nargs="+", default=[], help="evaluation summary.json files")
+    b.add_argument("--reported", help="the paper's numbers (data/reported_results.csv)")
+    b.add_argument("--out-dir", required=True)
+    c = sub.add_parser("consistency", help="paper rows whose printed AES disagrees with its formula")
+    c.add_argument("--reported", required=True)
+    c.add_argument("--out-dir", required=True)
+
+
+def run(args) -> int:
+    reported = load_reported(args.reported)
+    if args.action == "consistency":
+        bad = write_consistency(reported, args.out_dir)
+        print(f"{len(bad)} paper rows with an inconsistent AES -> {Path(args.out_dir) / 'aes_consistency.md'}")
+        return 0
+    spec = load_spec(args.spec)
+    df = build_table(spec, load_summaries(args.summaries), reported)
+    for path in write_table(spec, df, args.out_dir):
+        print(path)
+    return 0

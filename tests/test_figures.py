@@ -1,0 +1,96 @@
+"""`bfspo figures`: the Pareto front, training curves and backtracking histograms of one table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bfspo.cli import main
+from bfspo.errors import BfspoError
+from bfspo.figures import backtracking_depths, pareto_front
+
+SPEC = {
+    "name": "abl",
+    "title": "toy",
+    "layout": "ablation",
+    "models": [{"key": "m", "label": "Model-1B"}],
+    "methods": [
+        {"key": "dapo", "label": "DAPO", "paper": "dapo", "k": 0, "advantage": "branch", "overlong": True},
+        {"key": "bfspo", "label": "BFS-PO", "paper": "bfspo", "k": 3, "advantage": "branch", "overlong": True},
+    ],
+    "columns": [{"train_set": "ts", "benchmark": "b", "label": "B"}, {"train_set": "ts", "benchmark": "o", "label": "O"}],
+}
+
+
+def test_pareto_front():
+    points = [(100, 50.0), (120, 60.0), (110, 40.0), (200, 60.0), (90, 30.0), (100, 45.0)]
+    # (200, 60) is dominated by (120, 60); (110, 40) by (100, 50); (100, 45) by (100, 50).
+    assert pareto_front(points) == [4, 0, 1]
+    assert pareto_front([]) == []
+
+
+def write_run(runs_dir: Path, run: str, steps: int, depths: list[tuple[int, int]]) -> None:
+    d = runs_dir / run
+    (d / "trees").mkdir(parents=True)
+    (d / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "reward_mean": 0.1 * s, "accuracy": 0.5 + 0.01 * s, "len_mean": 200 - s}) + "\n"
+        for s in range(1, steps + 1)))
+    tree = {"backtracking": [{"iteration": i, "depth": a, "path_length": b, "entropy": 1.0} for i, (a, b) in enumerate(depths)]}
+    (d / "trees" / "step_00001.jsonl").write_text(json.dumps(tree) + "\n" + json.dumps({"backtracking": []}) + "\n")
+    (d / "done.json").write_text("{}")
+
+
+def summaries(tmp_path: Path) -> list[str]:
+    paths = []
+    for run, method, acc, length in [("m_zero-shot", "zero-shot", 60.0, 200.0), ("m_ts_dapo_s0", "dapo", 62.0, 190.0),
+                                     ("m_ts_bfspo_s0", "bfspo", 63.0, 150.0), ("m_ts_bfspo_s1", "bfspo", 61.0, 160.0)]:
+        for bench in ("b", "o"):
+            meta = {"run": run, "model": "m", "method": method}
+            if method != "zero-shot":
+                meta["train_set"] = "ts"
+            p = tmp_path / "eval" / run / bench / "summary.json"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps({"benchmark": bench, "accuracy": acc, "avg_length": length, "meta": meta}))
+            paths.append(str(p))
+    return paths
+
+
+def test_backtracking_depths(tmp_path):
+    write_run(tmp_path, "r", 2, [(10, 40), (30, 60)])
+    assert backtracking_depths(tmp_path / "r") == ([10, 30], [0.25, 0.5])
+
+
+def test_figures_of_a_table(tmp_path, capsys):
+    runs_dir = tmp_path / "runs"
+    write_run(runs_dir, "m_ts_dapo_s0", 3, [])
+    write_run(runs_dir, "m_ts_bfspo_s0", 3, [(10, 40), (30, 60)])
+    write_run(runs_dir, "m_ts_bfspo_s1", 2, [(20, 40)])
+    out = tmp_path / "fig"
+    args = ["figures", "--spec", json.dumps(SPEC), "--summaries", *summaries(tmp_path), "--runs-dir", str(runs_dir),
+            "--out-dir", str(out)]
+    assert main(args) == 0
+    stems = {"pareto_ts_b", "pareto_ts_o", "curves_m_ts", "backtracking_m_ts"}
+    assert {p.name for p in out.iterdir()} == {f"{s}.{e}" for s in stems for e in ("png", "pdf")}
+    for stem in stems:
+        assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (out / f"{stem}.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def test_runs_without_metrics_or_trees_still_get_their_pareto_figures(tmp_path, capsys):
+    out = tmp_path / "fig"
+    args = ["figures", "--spec", json.dumps(SPEC), "--summaries", *summaries(tmp_path), "--runs-dir",
+            str(tmp_path / "none"), "--out-dir", str(out)]
+    assert main(args) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["pareto_ts_b.pdf", "pareto_ts_b.png", "pareto_ts_o.pdf", "pareto_ts_o.png"]
+    err = capsys.readouterr().err
+    assert "no metrics.jsonl for m / ts" in err and "no logged trees for m / ts" in err
+
+
+def test_a_backtracking_record_without_depth_is_named(tmp_path, capsys):
+    d = tmp_path / "r" / "trees"
+    d.mkdir(parents=True)
+    (d / "step_00001.jsonl").write_text(json.dumps({"backtracking": [{"iteration": 0}]}) + "\n")
+    with pytest.raises(BfspoError, match=r"step_00001.jsonl:1: a backtracking record without a depth"):
+        backtracking_depths(tmp_path / "r")

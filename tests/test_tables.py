@@ -1,0 +1,179 @@
+"""`bfspo tables`: our rows (mean ± std over seeds, AES against our zero-shot) beside the paper's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bfspo.cli import main
+from bfspo.tables import fmt
+
+REPORTED_HEADER = "table,model,train_set,benchmark,domain,method,K,ratio,acc,avg_len,aes\n"
+SPEC = {
+    "name": "abl",
+    "title": "Ablation on T_b",
+    "layout": "ablation",
+    "models": [{"key": "m", "label": "Model-1B"}],
+    "methods": [
+        {"key": "dapo", "label": "DAPO", "paper": "dapo", "k": 0, "selection": "bfs", "advantage": "branch", "overlong": True},
+        {"key": "glob", "label": "Global Adv.", "paper": "bfspo-global-adv", "k": 3, "selection": "bfs",
+         "advantage": "global", "overlong": True},
+    ],
+    "columns": [{"train_set": "ts", "benchmark": "b", "label": "B"}],
+    "paper_tables": ["ablation"],
+    "reported": None,
+}
+
+
+def summary(tmp_path: Path, run: str, method: str, acc: float, length: float, seed=0, benchmark="b", model="m") -> str:
+    meta = {"run": run, "model": model, "method": method, "seed": str(seed)}
+    if method != "zero-shot":
+        meta["train_set"] = "ts"
+    path = tmp_path / "eval" / run / benchmark / "summary.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"benchmark": benchmark, "accuracy": acc, "avg_length": length, "meta": meta}))
+    return str(path)
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """Zero-shot 80% / 200 tokens; DAPO over two seeds; the global-advantage variant over one."""
+    return [
+        summary(tmp_path, "m_zero-shot", "zero-shot", 80.0, 200.0),
+        summary(tmp_path, "m_ts_dapo_s0", "dapo", 82.0, 180.0, seed=0),
+        summary(tmp_path, "m_ts_dapo_s1", "dapo", 84.0, 170.0, seed=1),
+        summary(tmp_path, "m_ts_glob_s0", "glob", 76.0, 160.0),
+    ]
+
+
+@pytest.fixture
+def reported(tmp_path):
+    path = tmp_path / "reported.csv"
+    path.write_text(
+        REPORTED_HEADER
+        + "ablation,Model-1B,ts,b,in,zero-shot,,,81.0,210,0.0\n"
+        + "ablation,Model-1B,ts,b,in,dapo,0,,83.0,190,0.12\n"
+        + "ablation,Model-1B,ts,b,in,bfspo-global-adv,3,,85.0,150,0.45\n"
+        + "ablation,Other-7B,ts,b,in,dapo,0,,99.0,10,9.9\n"
+        + "main,Model-1B,ts,b,in,sft,,,79.5,205,-0.05\n"
+        + "ratios,Model-1B,ts,b,in,tokenskip,,0.9,78.0,150,0.1\n"
+        + "ratios,Model-1B,ts,b,in,tokenskip,,0.5,70.0,100,-0.2\n"
+    )
+    return str(path)
+
+
+def build(tmp_path, spec, runs, reported=None) -> pd.DataFrame:
+    args = ["tables", "build", "--spec", json.dumps(spec), "--summaries", *runs, "--out-dir", str(tmp_path / "out")]
+    assert main(args + (["--reported", reported] if reported else [])) == 0
+    return pd.read_csv(tmp_path / "out" / f"{spec['name']}.csv", dtype=str, keep_default_na=False)
+
+
+def test_fmt():
+    assert fmt(85.64, 0.0, 1, 1) == "85.6"
+    assert fmt(85.64, 0.44, 3, 1) == "85.6 ± 0.4"
+    assert fmt(290.4, 4.2, 2, 0) == "290 ± 4"
+    assert fmt(float("nan"), 0.0, 1, 2) == "-"
+
+
+def test_aes_against_our_zero_shot_with_mean_and_std_over_seeds(tmp_path, runs):
+    df = build(tmp_path, SPEC, runs)
+    assert list(df.columns) == ["Method", "K", "Branch Adv.", "Len. Penalty", "Acc.", "Avg. Len.", "AES", "Source"]
+    zero, dapo, glob = df.to_dict("records")
+    assert zero == {"Method": "Zero-shot", "K": "-", "Branch Adv.": "-", "Len. Penalty": "-", "Acc.": "80.0",
+                    "Avg. Len.": "200", "AES": "0.00", "Source": "ours"}
+    # Seed 0: dLen = 20/200 = 0.10, dAcc = 2/80 -> +3 * 0.025 = 0.075, AES 0.175.
+    # Seed 1: dLen = 30/200 = 0.15, dAcc = 4/80 -> +3 * 0.05 = 0.15, AES 0.30. Mean 0.2375, std 0.088.
+    assert (dapo["Acc."], dapo["Avg. Len."], dapo["AES"]) == ("83.0 ± 1.4", "175 ± 7", "0.24 ± 0.09")
+    assert (dapo["K"], dapo["Branch Adv."], dapo["Len. Penalty"], dapo["Source"]) == ("0", "-", "✓", "ours (2 seeds)")
+    # dLen = 40/200 = 0.2, dAcc = -4/80 -> -5 * 0.05 = -0.25: AES -0.05 (the gamma branch).
+    assert (glob["Acc."], glob["Avg. Len."], glob["AES"], glob["Branch Adv."]) == ("76.0", "160", "-0.05", "✗")
+
+
+def test_each_of_our_rows_sits_above_the_papers_row(tmp_path, runs, reported):
+    df = build(tmp_path, SPEC, runs, reported)
+    assert list(zip(df["Method"], df["Source"])) == [
+        ("Zero-shot", "ours"), ("Zero-shot", "paper"),
+        ("DAPO", "ours (2 seeds)"), ("DAPO", "paper"),
+        ("Global Adv.", "ours"), ("Global Adv.", "paper"),
+    ]
+    paper_dapo = df.iloc[3]
+    # The paper's own numbers, as printed (not recomputed against our zero-shot), and the right model.
+    assert (paper_dapo["Acc."], paper_dapo["Avg. Len."], paper_dapo["AES"]) == ("83.0", "190", "0.12")
+    assert df.iloc[5]["AES"] == "0.45"
+
+
+def test_reported_only_rows_are_marked_reported(tmp_path, runs, reported):
+    spec = dict(SPEC, name="main", layout="models", methods=SPEC["methods"][:1], paper_tables=["ablation"],
+                reported={"table": "main", "methods": {"sft": "SFT"}})
+    df = build(tmp_path, spec, runs, reported)
+    assert list(df.columns[:2]) == ["Model", "Method"]
+    assert list(zip(df["Method"], df["Source"])) == [
+        ("Zero-shot", "ours"), ("Zero-shot", "paper"), ("SFT", "reported"), ("DAPO", "ours (2 seeds)"), ("DAPO", "paper")
+    ]
+    assert df.iloc[2][["Acc.", "Avg. Len.", "AES"]].tolist() == ["79.5", "205", "-0.05"]
+    assert set(df["Model"]) == {"Model-1B"}
+
+
+def test_ratio_layout_lists_every_reported_ratio(tmp_path, runs, reported):
+    spec = dict(SPEC, name="ratios", layout="ratios", methods=SPEC["methods"][:1],
+                reported={"table": "ratios", "methods": {"tokenskip": "TokenSkip"}})
+    df = build(tmp_path, spec, runs, reported)
+    rows = df[df.Source == "reported"]
+    assert rows[["Method", "Ratio", "Acc.", "AES"]].values.tolist() == [
+        ["TokenSkip", "0.9", "78.0", "0.10"], ["TokenSkip", "0.5", "70.0", "-0.20"]]
+    assert df[df.Source.str.startswith("ours")]["Ratio"].tolist() == ["-", "-"]
+
+
+def test_several_columns_get_grouped_headers_in_the_paper_order(tmp_path, runs):
+    ood = [summary(tmp_path, "m_zero-shot", "zero-shot", 50.0, 300.0, benchmark="o"),
+           summary(tmp_path, "m_ts_dapo_s0", "dapo", 55.0, 300.0, benchmark="o")]
+    spec = dict(SPEC, columns=[{"train_set": "ts", "benchmark": "b", "label": "B", "domain": "in"},
+                               {"train_set": "ts", "benchmark": "o", "label": "O", "domain": "out"}])
+    df = build(tmp_path, spec, runs + ood)
+    assert list(df.columns[4:10]) == ["B (in-domain) Acc.", "B (in-domain) Avg. Len.", "B (in-domain) AES",
+                                      "O (out-of-domain) Acc.", "O (out-of-domain) Avg. Len.", "O (out-of-domain) AES"]
+    dapo = df[df.Method == "DAPO"].iloc[0]
+    # One seed out-of-domain: dLen 0, dAcc = 5/50 -> 3 * 0.1 = 0.30.
+    assert dapo["O (out-of-domain) AES"] == "0.30" and dapo["O (out-of-domain) Acc."] == "55.0"
+    tex = (tmp_path / "out" / "abl.tex").read_text()
+    assert r"\multicolumn{3}{c}{B (in-domain)}" in tex and r"\multicolumn{3}{c}{O (out-of-domain)}" in tex
+
+
+def test_markdown_and_latex(tmp_path, runs, reported):
+    build(tmp_path, SPEC, runs, reported)
+    md = (tmp_path / "out" / "abl.md").read_text()
+    assert md.startswith("## Ablation on T_b") and "| DAPO" in md and "83.0 ± 1.4" in md and "reported =" in md
+    assert "| 80.0 " in md and "| 0.00 " in md  # printed as formatted, not re-parsed as numbers
+    tex = (tmp_path / "out" / "abl.tex").read_text()
+    for token in (r"\toprule", r"\midrule", r"\bottomrule", r"\label{tab:abl}", r"83.0 $\pm$ 1.4", r"\checkmark",
+                  r"$\times$", r"\caption{Ablation on T\_b}"):
+        assert token in tex, token
+    header = next(line for line in tex.splitlines() if line.startswith("Method"))
+    assert header == r"Method & K & Branch Adv. & Len. Penalty & Acc. & Avg. Len. & AES & Source \\"
+
+
+def test_bad_summaries_are_named(tmp_path, runs, capsys):
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"benchmark": "b", "accuracy": 1.0, "avg_length": 2.0, "meta": {"method": "dapo"}}))
+    args = ["tables", "build", "--spec", json.dumps(SPEC), "--out-dir", str(tmp_path / "out"), "--summaries"]
+    assert main(args + [*runs, str(broken)]) == 2
+    assert "broken.json: summary lacks meta.model" in capsys.readouterr().err
+    twice = summary(tmp_path / "again", "m_zero-shot", "zero-shot", 70.0, 100.0)
+    assert main(args + [*runs, twice]) == 2
+    assert "two zero-shot summaries" in capsys.readouterr().err
+
+
+def test_consistency_report_lists_only_disagreeing_rows(tmp_path):
+    reported = tmp_path / "reported.csv"
+    # Against 80.0 / 200: 84.0 / 180 gives AES 0.10 + 3 * 0.05 = 0.25 (printed right); 82.0 / 150 gives
+    # 0.25 + 3 * 0.025 = 0.325, printed 0.50 (wrong).
+    reported.write_text(REPORTED_HEADER + "t,M,ts,b,in,zero-shot,,,80.0,200,0.0\n"
+                        "t,M,ts,b,in,dapo,,,84.0,180,0.25\nt,M,ts,b,in,bfspo,,,82.0,150,0.50\n")
+    assert main(["tables", "consistency", "--reported", str(reported), "--out-dir", str(tmp_path)]) == 0
+    checked = pd.read_csv(tmp_path / "aes_consistency.csv")
+    assert dict(zip(checked.method, checked.consistent)) == {"dapo": True, "bfspo": False}
+    md = (tmp_path / "aes_consistency.md").read_text()
+    assert "1 of 2 rows" in md and "| bfspo" in md and "| dapo" not in md

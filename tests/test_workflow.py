@@ -1,0 +1,239 @@
+"""The Snakemake workflow: lint, config validation, and the DAG that each config plans.
+
+Dry runs use --forceall, so outputs already in results/ do not change the counts, and --nolock,
+so they can run beside a real run in the same tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def snakemake(*args: str, cwd: Path = ROOT, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def dry_run(*args: str) -> str:
+    proc = snakemake("-n", "--forceall", "--nolock", *args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def job_counts(output: str) -> Counter:
+    """The 'Job stats' table of a dry run: rule -> number of jobs."""
+    table = output.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    counts = Counter()
+    for line in table.splitlines():
+        m = re.fullmatch(r"(\w+)\s+(\d+)", line.strip())
+        if m and m.group(1) != "total":
+            counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+def jobs(output: str) -> list[tuple[str, str]]:
+    """(rule, text) of every job of a dry run; the text holds its wildcards, resources and command."""
+    chunks = re.split(r"^\[[^\]\n]+\]$", output, flags=re.M)
+    return [(m.group(1), c) for c in chunks if (m := re.match(r"\s*(?:local)?rule (\w+):", c))]
+
+
+def wildcards(output: str, rule: str) -> list[str]:
+    return [re.search(r"wildcards: (.*)", text).group(1) for r, text in jobs(output) if r == rule]
+
+
+def write_config(tmp_path: Path, base: str, edit) -> Path:
+    cfg = yaml.safe_load((ROOT / base).read_text())
+    edit(cfg)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+# ---- lint and validation ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("configfile", [None, "config/test.yaml", "config/paper.yaml"])
+def test_lint_is_clean(configfile):
+    proc = snakemake("--lint", *(["--configfile", configfile] if configfile else []))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Lints for" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        (lambda c: c.update(learning_rate=1e-3), "'learning_rate' was unexpected"),
+        (lambda c: c["models"]["toy"].update(pth="x"), "'pth' was unexpected"),
+        (lambda c: c["train"].update(model="other"), "'model' was unexpected"),
+        (lambda c: c["methods"]["bfspo"].update(selection="greedy"), "'greedy'"),
+        (lambda c: c["wandb"].update(mode="sometimes"), "'sometimes'"),
+        (lambda c: c.update(seeds=[]), "seeds"),
+        (lambda c: c["tables"]["toy-ablation"]["methods"].append("bfspo-k9"), "unknown method 'bfspo-k9'"),
+        (lambda c: c["models"]["toy"].update(size="huge"), "unknown size class 'huge'"),
+    ],
+    ids=["unknown-key", "unknown-nested-key", "per-run-key-in-train", "bad-enum", "bad-mode", "no-seeds",
+         "unknown-method", "unknown-size"],
+)
+def test_invalid_config_stops_naming_the_problem(tmp_path, edit, named):
+    proc = snakemake("-n", "--nolock", "--configfile", str(write_config(tmp_path, "config/config.yaml", edit)))
+    assert proc.returncode != 0
+    assert named in proc.stdout + proc.stderr
+
+
+def test_schema_covers_the_trainer_config():
+    """Every TrainConfig field is either a config key (`train`) or set per run by the workflow."""
+    from bfspo.config import TrainConfig
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    in_schema = set(schema["$defs"]["train"]["properties"])
+    per_run = {"model", "train_data", "benchmark", "budget", "k", "selection", "advantage", "overlong", "seed",
+               "tensor_parallel_size", "wandb_project", "wandb_group", "wandb_mode", "run_name"}
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert in_schema <= fields, in_schema - fields
+    assert per_run <= fields, per_run - fields
+    assert fields == in_schema | per_run, fields ^ (in_schema | per_run)
+
+
+# ---- the paper's matrix ----------------------------------------------------------------------
+
+
+def test_paper_config_plans_exactly_the_papers_experiments():
+    """`snakemake --profile slurm -n --configfile config/paper.yaml`, as the README types it."""
+    out = dry_run("--profile", "slurm", "--configfile", "config/paper.yaml")
+    seeds = len(yaml.safe_load((ROOT / "config/paper.yaml").read_text())["seeds"])
+    benchmarks_t3 = 5  # MATH-500, GSM8K, MMLU-STEM, AIME'25, Minerva
+
+    # Training runs. Table 2: 3 models x (DAPO, BFS-PO) on GSM8K. Table 3: 2 models x (DAPO, BFS-PO)
+    # on MATH. Table 1: Qwen2.5-3B on GSM8K with K=0..3, w/o BFS, global, w/o R_l: 7 runs, of which
+    # K=0 (DAPO) and K=3 (BFS-PO) are Table 2's, so 5 more. The appendix tables reuse these runs.
+    train = (3 * 2 + 2 * 2 + (7 - 2)) * seeds
+    # Zero-shot, once per (model, benchmark): Table 2's 3 on GSM8K; Table 3's 2 models x 5
+    # benchmarks, whose GSM8K pair is Table 2's (same model, benchmark and budget).
+    zero_shot = 3 + 2 * benchmarks_t3 - 2
+    # Every trained run on each benchmark of its table.
+    evaluate = (3 * 2 * 1 + 2 * 2 * benchmarks_t3 + 5 * 1) * seeds
+    tables = 6  # Tables 1, 2, 3 and the three appendix TokenSkip-ratio tables
+    assert job_counts(out) == Counter(
+        prepare=1, train=train, evaluate=zero_shot + evaluate,
+        table=tables, figures=tables, report=tables, aes_consistency=1, all=1,
+    )
+    assert (train, zero_shot, evaluate) == (15, 11, 31)
+    evals = [w for w in wildcards(out, "evaluate")]
+    assert sum("_zero-shot," in w for w in evals) == zero_shot
+    assert sum("_zero-shot," in w and "benchmark=gsm8k" in w.split(", ") for w in evals) == 3
+
+    runs = {w.removeprefix("run=") for w in wildcards(out, "train")}
+    t1 = {f"qwen2.5-3b_gsm8k_{m}_s0" for m in ("dapo", "bfspo-k1", "bfspo-k2", "bfspo", "no-bfs", "global-adv", "no-overlong")}
+    t2 = {f"{m}_gsm8k_{x}_s0" for m in ("qwen2.5-3b", "llama3.1-8b", "qwen2.5-7b") for x in ("dapo", "bfspo")}
+    t3 = {f"{m}_math_{x}_s0" for m in ("llama3.1-8b", "qwen2.5-7b") for x in ("dapo", "bfspo")}
+    assert runs == t1 | t2 | t3
+
+
+def test_paper_jobs_request_gpus_by_model_size():
+    out = dry_run("-p", "results/runs/llama3.1-8b_math_bfspo_s0/done.json", "results/runs/qwen2.5-3b_gsm8k_dapo_s0/done.json",
+                  "results/tables/gsm8k.csv", "--configfile", "config/paper.yaml")
+    train = {re.search(r"wildcards: run=(\S+)", t).group(1): t for r, t in jobs(out) if r == "train"}
+    big, small = train["llama3.1-8b_math_bfspo_s0"], train["qwen2.5-3b_gsm8k_dapo_s0"]
+    assert "gpu=2" in big and "tensor_parallel_size=2" in big and "budget=1024" in big and "--set k=3" in big
+    assert "gpu=1" in small and "tensor_parallel_size=1" in small and "budget=512" in small and "--set k=0" in small
+    cpu_jobs = [t for r, t in jobs(out) if r in ("prepare", "table")]
+    assert len(cpu_jobs) == 2 and not any("gpu=" in t for t in cpu_jobs)
+
+
+def test_aime_is_evaluated_with_32_samples_at_temperature_1():
+    out = dry_run("-p", "results/eval/qwen2.5-7b_math_dapo_s0/aime25/summary.json", "--configfile", "config/paper.yaml")
+    (cmd,) = [t for r, t in jobs(out) if r == "evaluate"]
+    assert "--samples 32 --temperature 1.0" in cmd and "--budget 1024" in cmd
+    assert "--adapter results/runs/qwen2.5-7b_math_dapo_s0/adapter" in cmd
+
+
+# ---- the toy and test configs ----------------------------------------------------------------
+
+TOY_DAG = Counter(toy_data=1, toy_model=1, train=7, evaluate=2 + 14, table=1, aes_consistency=1, figures=1, report=1,
+                  all=1)
+
+
+@pytest.mark.parametrize("configfile", [None, "config/test.yaml"])
+def test_toy_dag(configfile):
+    """Zero-shot, DAPO, K=1..3 and the three ablations, each evaluated in- and out-of-domain, on CPU."""
+    out = dry_run(*(["--configfile", configfile] if configfile else []))
+    assert job_counts(out) == TOY_DAG
+    assert "gpu=1" not in out and "gpu=2" not in out
+
+
+def test_an_ablation_is_a_few_config_lines(tmp_path):
+    """docs/workflow.md's worked example: a new K value and a new method row of the toy table."""
+
+    def add_k5(cfg):
+        cfg["methods"]["bfspo-k5"] = {"label": "BFS-PO", "paper": "bfspo", "k": 5}
+        cfg["tables"]["toy-ablation"]["methods"].append("bfspo-k5")
+
+    out = dry_run("-p", "--configfile", str(write_config(tmp_path, "config/config.yaml", add_k5)))
+    assert job_counts(out) == TOY_DAG + Counter(train=1, evaluate=2)
+    assert "--set k=5" in out and "--output-dir results/runs/toy_toy_bfspo-k5_s0" in out
+
+
+def test_partition_and_account_are_set_in_one_place(tmp_path):
+    def slurm(cfg):
+        cfg["slurm"] = {"partition": "gpu", "cpu_partition": "cpu", "account": "lab"}
+        cfg["resources"]["cpu"].update(gpus=1, cpus_per_gpu=4)
+
+    out = dry_run("--configfile", str(write_config(tmp_path, "config/config.yaml", slurm)))
+    by_rule = {}
+    for rule, text in jobs(out):
+        by_rule.setdefault(rule, re.search(r"resources: (.*)", text).group(1))
+    assert "slurm_partition=gpu" in by_rule["train"] and "gpu=1" in by_rule["train"] and "cpus_per_gpu=4" in by_rule["train"]
+    assert "slurm_partition=cpu" in by_rule["table"] and "gpu=" not in by_rule["table"]
+    assert all("slurm_account=lab" in r for rule, r in by_rule.items() if rule != "all")
+
+
+def test_seeds_multiply_the_runs_not_the_zero_shot(tmp_path):
+    out = dry_run("--configfile", str(write_config(tmp_path, "config/config.yaml", lambda c: c.update(seeds=[0, 1, 2]))))
+    assert job_counts(out) == TOY_DAG + Counter(train=14, evaluate=28)
+
+
+# ---- the test config, for real -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_test_config_runs_end_to_end(tmp_path):
+    """config/test.yaml, the toy DAG at its smallest, from data generation to the report (2-3 min)."""
+    for name in ("Snakefile", "workflow", "config"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    (tmp_path / "data").mkdir()
+    shutil.copy(ROOT / "data/reported_results.csv", tmp_path / "data")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="disabled")
+    run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config/test.yaml"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+
+    table = pd.read_csv(tmp_path / "results/tables/toy-test-ablation.csv", dtype=str, keep_default_na=False)
+    assert table["Method"].tolist() == ["Zero-shot", "DAPO", "BFS-PO", "BFS-PO", "BFS-PO", "w/o BFS", "Global Adv.", "w/o R_l"]
+    assert table["K"].tolist() == ["-", "0", "1", "2", "3", "3", "3", "3"] and set(table["Source"]) == {"ours"}
+    for col in ("Toy (in-domain) Acc.", "Toy-OOD (out-of-domain) Avg. Len."):
+        assert all(re.fullmatch(r"\d+(\.\d)?", v) for v in table[col]), table[col]
+    for run_id in ("dapo", "bfspo-k1", "bfspo-k2", "bfspo", "no-bfs", "global-adv", "no-overlong"):
+        assert (tmp_path / f"results/runs/toy-test_toy_{run_id}_s0/adapter").is_dir()
+    figures = {p.name for p in (tmp_path / "results/figures/toy-test-ablation").iterdir()}
+    assert {"pareto_toy_toy.png", "pareto_toy_toy_ood.pdf", "curves_toy-test_toy.png"} <= figures
+    assert json.loads((tmp_path / "results/report/toy-test-ablation.json").read_text())["group"] == "toy-test-ablation"
+    assert (tmp_path / "results/tables/aes_consistency.md").is_file()
+
+    again = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", "config/test.yaml"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

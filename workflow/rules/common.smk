@@ -1,0 +1,337 @@
+"""Shared helpers: validate the config, derive the experiment matrix from it, and compute the
+inputs, params and resources of every rule. Planning only: the rules call the `bfspo` CLI.
+
+The matrix: every table lists models x methods x columns (train set -> benchmark). Each
+(model, train set, method, seed) is one training run, planned once however many tables show it,
+and each (run, benchmark) is one evaluation. Zero-shot evaluations are keyed by
+(model, benchmark) only, so Table 2's and Table 3's zero-shot GSM8K rows are one job.
+"""
+
+import json
+import os
+import re
+import shlex
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+# Conda environment of every rule (`--sdm conda`); without it the rules use the active venv.
+CONDA_ENV = "../envs/bfspo.yaml"
+
+RESULTS = "results"
+ZERO_SHOT = "zero-shot"
+TOY_DATA_FILES = ["train", "rl_train", "toy", "toy_ood"]
+PREPARED_SPLITS = ["gsm8k_train", "math_train", "gsm8k", "math500", "mmlu_stem", "aime25", "minerva_math"]
+DATA = {"raw_dir": "data/raw", "out_dir": f"{RESULTS}/data"} | config.get("data", {})
+SLURM = config.get("slurm", {})
+EVALUATION = config.get("evaluation", {})
+WANDB = config["wandb"]
+
+
+def _check_references():
+    """Names used by tables must exist, and models' size classes and GPU counts must fit."""
+    errors = []
+
+    def known(section, name, where):
+        if name not in config[section]:
+            errors.append(f"{where}: unknown {section[:-1]} '{name}' (known: {', '.join(config[section])})")
+
+    for table, spec in config["tables"].items():
+        for model in spec["models"]:
+            known("models", model, f"tables.{table}.models")
+        for method in spec["methods"]:
+            known("methods", method, f"tables.{table}.methods")
+        for i, col in enumerate(spec["columns"]):
+            known("train_sets", col["train_set"], f"tables.{table}.columns[{i}]")
+            known("benchmarks", col["benchmark"], f"tables.{table}.columns[{i}]")
+    for name, model in config["models"].items():
+        if model["size"] not in config["resources"]:
+            errors.append(
+                f"models.{name}.size: unknown size class '{model['size']}' (known: {', '.join(config['resources'])})"
+            )
+            continue
+        gpus = config["resources"][model["size"]]["gpus"]
+        tp = model.get("tensor_parallel", 1)
+        if tp > 1 and (gpus == 0 or gpus % tp):
+            errors.append(f"models.{name}.tensor_parallel: {tp} does not divide the {gpus} GPUs of class '{model['size']}'")
+    toy_paths = [m["path"] for m in config["models"].values()] + [
+        s["data"] for s in list(config["train_sets"].values()) + list(config["benchmarks"].values())
+    ]
+    if "toy" not in config and any(p.startswith(f"{RESULTS}/toy") for p in toy_paths):
+        errors.append("paths under results/toy... are built by the toy rules and need a 'toy' section")
+    if errors:
+        raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
+
+
+_check_references()
+
+
+# ---- the matrix ---------------------------------------------------------------------------
+
+
+def run_id(model, train_set, method, seed):
+    return f"{model}_{train_set}_{method}_s{seed}"
+
+
+def zero_shot_id(model):
+    return f"{model}_{ZERO_SHOT}"
+
+
+def _plan():
+    """run id -> its spec, in table order; the first table that shows a run names its W&B group."""
+    runs = {}
+    for table, spec in config["tables"].items():
+        train_sets = list(dict.fromkeys(c["train_set"] for c in spec["columns"]))
+        for model in spec["models"]:
+            for train_set in train_sets:
+                for method in spec["methods"]:
+                    for seed in config["seeds"]:
+                        runs.setdefault(
+                            run_id(model, train_set, method, seed),
+                            dict(model=model, train_set=train_set, method=method, seed=seed, table=table),
+                        )
+    return runs
+
+
+RUNS = _plan()
+# zero-shot run id -> (model, the first table that shows it)
+ZERO_SHOT_RUNS = {}
+for _table, _spec in config["tables"].items():
+    for _model in _spec["models"]:
+        ZERO_SHOT_RUNS.setdefault(zero_shot_id(_model), (_model, _table))
+
+
+def _alternation(names):
+    """A wildcard constraint matching exactly these names."""
+    return "|".join(re.escape(n) for n in sorted(names)) or "(?!)"
+
+
+RUN_RE = _alternation(RUNS)
+EVAL_RUN_RE = _alternation(list(RUNS) + list(ZERO_SHOT_RUNS))
+TABLE_RE = _alternation(config["tables"])
+
+
+def summary(run, benchmark):
+    return f"{RESULTS}/eval/{run}/{benchmark}/summary.json"
+
+
+def table_summaries(table):
+    """Every evaluation summary a table reads: zero-shot, then each method and seed, per column."""
+    spec = config["tables"][table]
+    paths = []
+    for model in spec["models"]:
+        for col in spec["columns"]:
+            paths.append(summary(zero_shot_id(model), col["benchmark"]))
+            for method in spec["methods"]:
+                for seed in config["seeds"]:
+                    paths.append(summary(run_id(model, col["train_set"], method, seed), col["benchmark"]))
+    return list(dict.fromkeys(paths))
+
+
+def table_runs(table):
+    """The done.json markers of a table's training runs (figures read their metrics and trees)."""
+    return [f"{RESULTS}/runs/{r}/done.json" for r, spec in RUNS.items() if _in_table(spec, table)]
+
+
+def _in_table(run, table):
+    spec = config["tables"][table]
+    return (
+        run["model"] in spec["models"]
+        and run["method"] in spec["methods"]
+        and any(c["train_set"] == run["train_set"] for c in spec["columns"])
+    )
+
+
+def table_spec(table):
+    """What `bfspo tables` and `bfspo figures` need to lay out one table, as JSON."""
+    spec = config["tables"][table]
+    return json.dumps(
+        dict(
+            name=table,
+            title=spec["title"],
+            layout=spec["layout"],
+            models=[dict(key=m, label=config["models"][m]["label"]) for m in spec["models"]],
+            methods=[
+                dict(
+                    key=m,
+                    label=config["methods"][m]["label"],
+                    paper=config["methods"][m].get("paper"),
+                    k=config["methods"][m]["k"],
+                    selection=config["methods"][m].get("selection", "bfs"),
+                    advantage=config["methods"][m].get("advantage", "branch"),
+                    overlong=config["methods"][m].get("overlong", True),
+                )
+                for m in spec["methods"]
+            ],
+            columns=[
+                dict(
+                    col,
+                    label=config["benchmarks"][col["benchmark"]].get("label", col["benchmark"]),
+                    train_label=config["train_sets"][col["train_set"]].get("label", col["train_set"]),
+                )
+                for col in spec["columns"]
+            ],
+            paper_tables=spec.get("paper_tables", []),
+            reported=spec.get("reported"),
+        ),
+        separators=(",", ":"),
+    )
+
+
+def output_dir(wildcards, output):
+    """The folder of a rule's first output (params derived from outputs survive remote file systems)."""
+    return os.path.dirname(output[0])
+
+
+def input_dir(wildcards, input):
+    return os.path.dirname(input[0])
+
+
+def toy_data_args():
+    """`bfspo toy data` split sizes the config sets (the rest keep the CLI's defaults)."""
+    return " ".join(f"--{k.replace('_', '-')} {config['toy'][k]}" for k in ("n_train", "n_rl", "n_eval") if k in config["toy"])
+
+
+def reported_inputs():
+    return [config["reported_results"]] if config.get("reported_results") else []
+
+
+def reported_arg():
+    return f"--reported {shlex.quote(config['reported_results'])}" if config.get("reported_results") else ""
+
+
+def final_outputs():
+    outputs = []
+    for table in config["tables"]:
+        outputs += expand(f"{RESULTS}/tables/{table}.{{ext}}", ext=["csv", "md", "tex"])
+        outputs.append(f"{RESULTS}/figures/{table}")
+        if WANDB.get("report", True):
+            outputs.append(f"{RESULTS}/report/{table}.json")
+    if config.get("reported_results"):
+        outputs.append(f"{RESULTS}/tables/aes_consistency.csv")
+    return outputs
+
+
+# ---- models, data and resources ------------------------------------------------------------
+
+
+def model_of(run):
+    """The model key of a training run or a zero-shot run id."""
+    return RUNS[run]["model"] if run in RUNS else ZERO_SHOT_RUNS[run][0]
+
+
+def model_inputs(model):
+    """A model built by this workflow (the toy) is an input; a hub id or an outside path is not."""
+    path = config["models"][model]["path"]
+    return [path] if "toy" in config and path == config["toy"]["model_dir"] else []
+
+
+def size_class(run):
+    return config["resources"][config["models"][model_of(run)]["size"]]
+
+
+def _gpus(run, stage):
+    res = size_class(run)
+    return res.get("eval_gpus", min(res["gpus"], 1)) if stage == "eval" else res["gpus"]
+
+
+def _threads(run, stage):
+    res = size_class(run)
+    gpus = _gpus(run, stage)
+    return gpus * res.get("cpus_per_gpu", 1) if gpus else res.get("cpus", 1)
+
+
+def _partition(gpu_job):
+    if gpu_job:
+        return SLURM.get("partition")
+    return SLURM.get("cpu_partition") or SLURM.get("partition")
+
+
+def slurm_resources(gpu_job=lambda wc: False):
+    """Partition and account (config key `slurm`), only where set; `gpu_job(wc)` picks the partition."""
+    res = {}
+    if SLURM.get("partition") or SLURM.get("cpu_partition"):
+        res["slurm_partition"] = lambda wc: _partition(gpu_job(wc)) or ""
+    if SLURM.get("account"):
+        res["slurm_account"] = SLURM["account"]
+    return res
+
+
+def job_resources(stage):
+    """Resources of a train or evaluate job, scaled by its model's size class (a CPU class has gpus 0)."""
+    return dict(
+        gpu=lambda wc: _gpus(wc.run, stage),
+        cpus_per_gpu=lambda wc: size_class(wc.run).get("cpus_per_gpu", 0) if _gpus(wc.run, stage) else 0,
+        mem_mb=lambda wc: size_class(wc.run)["mem_mb"],
+        runtime=lambda wc: size_class(wc.run)[f"{stage}_runtime"],
+        **slurm_resources(lambda wc: _gpus(wc.run, stage) > 0),
+    )
+
+
+def job_threads(stage):
+    return lambda wc: _threads(wc.run, stage)
+
+
+# ---- command-line arguments ------------------------------------------------------------------
+
+
+def _cli_value(value):
+    """A value as `bfspo train --set key=value` parses it (a YAML scalar, or a JSON list)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def train_settings(run):
+    """Every TrainConfig field of one run: config defaults, then the method's, then the run's own."""
+    spec = RUNS[run]
+    model = config["models"][spec["model"]]
+    train_set = config["train_sets"][spec["train_set"]]
+    method = config["methods"][spec["method"]]
+    return (
+        dict(config.get("train", {}))
+        | method.get("train", {})
+        | dict(
+            model=model["path"],
+            train_data=train_set["data"],
+            benchmark=train_set["benchmark"],
+            budget=train_set["budget"],
+            k=method["k"],
+            selection=method.get("selection", "bfs"),
+            advantage=method.get("advantage", "branch"),
+            overlong=method.get("overlong", True),
+            seed=spec["seed"],
+            tensor_parallel_size=model.get("tensor_parallel", 1),
+            wandb_project=WANDB["project"],
+            wandb_group=spec["table"],
+            wandb_mode=WANDB["mode"],
+            run_name=run,
+        )
+    )
+
+
+def train_args(wildcards):
+    return " ".join(f"--set {shlex.quote(f'{k}={_cli_value(v)}')}" for k, v in train_settings(wildcards.run).items())
+
+
+def eval_args(wildcards):
+    """`bfspo evaluate` options of one (run, benchmark): model, adapter, protocol, meta."""
+    run, bench = wildcards.run, wildcards.benchmark
+    model = model_of(run)
+    b = config["benchmarks"][bench]
+    args = ["--model", config["models"][model]["path"], "--benchmark", bench, "--data", b["data"], "--budget", b["budget"]]
+    args += [x for key in ("samples", "temperature") if key in b for x in (f"--{key}", b[key])]
+    args += [x for key in ("engine", "batch_size", "limit") if key in EVALUATION for x in (f"--{key.replace('_', '-')}", EVALUATION[key])]
+    args += ["--seed", EVALUATION.get("seed", 0)]
+    meta = dict(run=run, model=model, method=ZERO_SHOT)
+    if run in RUNS:
+        args += ["--adapter", f"{RESULTS}/runs/{run}/adapter"]
+        meta |= dict(method=RUNS[run]["method"], train_set=RUNS[run]["train_set"], seed=RUNS[run]["seed"])
+    if WANDB["mode"] != "disabled":
+        table = RUNS[run]["table"] if run in RUNS else ZERO_SHOT_RUNS[run][1]
+        args += ["--wandb-project", WANDB["project"], "--wandb-group", table, "--run-name", f"{run}_eval_{bench}"]
+    args += ["--meta"] + [f"{k}={v}" for k, v in meta.items()]
+    return " ".join(shlex.quote(str(a)) for a in args)

@@ -1,0 +1,16 @@
+"""The real benchmarks: normalise data/raw into one JSONL per split."""
+
+
+rule prepare:
+    input:
+        DATA["raw_dir"],
+    output:
+        expand("{out_dir}/{split}.jsonl", out_dir=DATA["out_dir"], split=PREPARED_SPLITS),
+    log:
+        "logs/prepare.log",
+    params:
+        out_dir=output_dir,
+    conda:
+        CONDA_ENV
+    shell:
+        "bfspo prepare --raw-dir {input:q} --out-dir {params.out_dir:q} > {log} 2>&1"

@@ -1,0 +1,39 @@
+"""The embedded toy (issue 6): generate the task, then build and SFT its tiny reasoning model."""
+
+if "toy" in config:
+    TOY = config["toy"]
+
+    rule toy_data:
+        output:
+            expand("{dir}/{name}.jsonl", dir=TOY["data_dir"], name=TOY_DATA_FILES),
+        log:
+            "logs/toy/data.log",
+        params:
+            out_dir=output_dir,
+            seed=TOY["seed"],
+            sizes=toy_data_args(),
+        resources:
+            **slurm_resources(),
+        conda:
+            CONDA_ENV
+        shell:
+            "bfspo toy data --out-dir {params.out_dir:q} --seed {params.seed} {params.sizes} > {log} 2>&1"
+
+    rule toy_model:
+        input:
+            f"{TOY['data_dir']}/train.jsonl",
+        output:
+            directory(TOY["model_dir"]),
+        log:
+            "logs/toy/model.log",
+        benchmark:
+            "benchmarks/toy/model.tsv"
+        params:
+            size=TOY["size"],
+        threads: 2
+        resources:
+            **slurm_resources(),
+        conda:
+            CONDA_ENV
+        shell:
+            "bfspo toy build --train {input:q} --out-dir {output:q} --size {params.size} > {log} 2>&1"
