@@ -44,6 +44,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="labels copied into summary.json (e.g. method=bfspo k=3)")
     parser.add_argument("--wandb-project", help="also log the summary to this W&B project (job_type eval)")
     parser.add_argument("--wandb-group", help="W&B group (one per table or sweep)")
+    parser.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"],
+                        help="W&B mode (the WANDB_MODE environment variable wins)")
     parser.add_argument("--run-name", help="W&B run name (default: the --out-dir folder name)")
 
 
@@ -138,7 +140,7 @@ def log_to_wandb(summary: dict, args) -> None:
     from bfspo import tracking
 
     run = tracking.start(args.out_dir, summary, project=args.wandb_project, group=args.wandb_group,
-                         job_type="eval", name=args.run_name or args.out_dir.name)
+                         job_type="eval", name=args.run_name or args.out_dir.name, mode=args.wandb_mode)
     if run is not None:
         run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
     tracking.finish(run)

@@ -332,6 +332,7 @@ def eval_args(wildcards):
         meta |= dict(method=RUNS[run]["method"], train_set=RUNS[run]["train_set"], seed=RUNS[run]["seed"])
     if WANDB["mode"] != "disabled":
         table = RUNS[run]["table"] if run in RUNS else ZERO_SHOT_RUNS[run][1]
-        args += ["--wandb-project", WANDB["project"], "--wandb-group", table, "--run-name", f"{run}_eval_{bench}"]
+        args += ["--wandb-project", WANDB["project"], "--wandb-group", table, "--wandb-mode", WANDB["mode"],
+                 "--run-name", f"{run}_eval_{bench}"]
     args += ["--meta"] + [f"{k}={v}" for k, v in meta.items()]
     return " ".join(shlex.quote(str(a)) for a in args)
