@@ -21,6 +21,8 @@ NAME = "checkpoint"
 def save(run_dir: Path, model, optimizer, state: dict) -> None:
     """Write checkpoint.tmp/, then rename it to checkpoint/ (the old one goes to checkpoint.old/ first)."""
     tmp, final, old = run_dir / f"{NAME}.tmp", run_dir / NAME, run_dir / f"{NAME}.old"
+    if not final.exists() and (old / "COMPLETE").is_file():  # an earlier save died mid-swap: restore it first
+        old.rename(final)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp / "adapter")
@@ -51,7 +53,7 @@ def load(path: Path, model, optimizer) -> dict:
     from peft.utils import load_peft_weights
 
     set_peft_model_state_dict(model, load_peft_weights(str(path / "adapter"), device="cpu"))
-    state = torch.load(path / "state.pt", weights_only=False)
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     optimizer.load_state_dict(state.pop("optimizer"))
     rng = state.pop("rng")
     random.setstate(rng["python"])

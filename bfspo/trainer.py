@@ -68,14 +68,25 @@ def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None) -> li
     return questions
 
 
-def split_trees(trees: list, parts: int) -> list[list]:
-    """Whole trees into `parts` consecutive mini-batches of about equal chain counts (some may be empty)."""
-    chains = [len(t.leaves()) for t in trees]
-    total, groups, acc = sum(chains), [[] for _ in range(parts)], 0
-    for tree, c in zip(trees, chains):
-        groups[min(parts - 1, int(parts * acc / max(total, 1)))].append(tree)
-        acc += c
-    return groups
+def minibatch_plan(chains: list[list[int]], size: int) -> list[list[tuple[int, int]]]:
+    """Global mini-batches of whole trees, each (rank, tree index) pairs, from every rank's chain counts.
+
+    Trees are taken in an order that interleaves the ranks (rank 0's first tree, rank 1's first
+    tree, ..., rank 0's second tree, ...) and cut into mini-batches of at most `size` chains (a tree
+    larger than `size` is a mini-batch of its own). Every rank computes the same plan, so all take
+    the same optimizer steps, and a batch split over ranks is trained exactly as one process
+    would train it (App. C: 512 chains in mini-batches of 32 = 16 steps; fewer when dynamic
+    sampling could not fill the batch).
+    """
+    order = [(r, i) for i in range(max(map(len, chains), default=0)) for r in range(len(chains)) if i < len(chains[r])]
+    plan, current, n = [], [], 0
+    for r, i in order:
+        if current and n + chains[r][i] > size:
+            plan.append(current)
+            current, n = [], 0
+        current.append((r, i))
+        n += chains[r][i]
+    return plan + [current] if current else plan
 
 
 def rollout_stats(trees: list) -> dict:
@@ -121,9 +132,9 @@ class Trainer:
 
         self.cfg, self.run_dir = cfg, run_dir
         self.rank, self.world = dist.setup()
-        if cfg.train_batch_chains % (cfg.mini_batch_chains * self.world):
+        if cfg.train_batch_chains % self.world:
             raise BfspoError(f"config: train_batch_chains ({cfg.train_batch_chains}) must be a multiple of "
-                             f"mini_batch_chains x ranks ({cfg.mini_batch_chains} x {self.world})")
+                             f"the number of ranks ({self.world})")
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         random.seed(cfg.seed)
@@ -215,46 +226,45 @@ class Trainer:
         return batch, generated, stats
 
     def update(self, trees: list) -> dict:
-        """`train_batch_chains / mini_batch_chains` optimizer steps on whole-tree mini-batches (Eq. 10)."""
+        """Optimizer steps on global mini-batches of whole trees (`minibatch_plan`), Eq. 10 each."""
         cfg = self.cfg
-        parts = cfg.train_batch_chains // cfg.mini_batch_chains
         device = next(self.model.parameters()).device
-        packs = [pack_trees(g).to(device) if g else None for g in split_trees(trees, parts)]
-        self.model.eval()  # no dropout while fixing the old log-probs
+        plan = minibatch_plan(dist.gather([len(t.leaves()) for t in trees]), cfg.mini_batch_chains)
+        # This rank's part of each global mini-batch, packed on the CPU; moved to the device one at a time.
+        packs = [[trees[i] for r, i in mb if r == self.rank] for mb in plan]
+        packs = [pack_trees(mine) if mine else None for mine in packs]
+        self.model.eval()  # the old log-probs are fixed for the batch (no dropout)
         with torch.no_grad():
             for pk in packs:
                 if pk is not None:
-                    pk.old_logprobs = packed_logprobs(self.model, pk)[0].float()
+                    pk.old_logprobs = packed_logprobs(self.model, pk.to(device))[0].float().cpu()
         self.model.train()
         losses, stats = [], []
         for pk in packs:
             n_global = dist.sum_scalar(pk.n_entries if pk is not None else 0)
-            if n_global == 0:
-                continue
+            local = 0.0
             if pk is not None:
+                pk = pk.to(device)
                 logp, _ = packed_logprobs(self.model, pk)
                 loss, st = policy_loss(logp, pk.old_logprobs, pk.advantages, eps_low=cfg.eps_low,
                                        eps_high=cfg.eps_high, normalizer=n_global)
                 loss.backward()
                 stats.append(st)
                 local = float(loss.detach())
-            else:
-                local = 0.0
-            bad = dist.sum_scalar(0.0 if math.isfinite(local) else 1.0)
-            if bad:
+            dist.sum_gradients(self.params)
+            norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+            total = dist.sum_scalar(local)  # the gradients are summed already: every rank sees the same norm
+            if not (math.isfinite(total) and torch.isfinite(norm)):
                 self.optimizer.zero_grad(set_to_none=True)
                 self.nonfinite += 1
-                tqdm.write(f"step {self.step}: non-finite loss skipped ({self.nonfinite} so far)")
+                tqdm.write(f"step {self.step}: non-finite loss or gradient skipped ({self.nonfinite} so far)")
                 if self.nonfinite > cfg.max_nonfinite:
-                    raise BfspoError(f"step {self.step}: {self.nonfinite} non-finite losses, more than "
-                                     f"max_nonfinite={cfg.max_nonfinite}; stopping")
+                    raise BfspoError(f"step {self.step}: {self.nonfinite} non-finite losses or gradients, more "
+                                     f"than max_nonfinite={cfg.max_nonfinite}; stopping")
                 continue
-            dist.sum_gradients(self.params)
-            if cfg.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            losses.append(dist.sum_scalar(local))
+            losses.append(total)
         self.model.eval()
         self.engine.sync_weights(self.model)
         mean = lambda key: float(np.mean([s[key] for s in stats])) if stats else float("nan")  # noqa: E731
@@ -269,19 +279,20 @@ class Trainer:
                 "cursors": dist.gather(self.cursors[self.rank])}
 
     def restore(self) -> None:
+        """Load the last checkpoint, if any, and trim metrics.jsonl to the steps it covers."""
         ckpt = checkpoint.latest(self.run_dir)
-        if ckpt is None:
-            return
-        state = checkpoint.load(ckpt, self.model, self.optimizer)
-        if len(state["cursors"]) != self.world:
-            raise BfspoError(f"{ckpt}: saved with {len(state['cursors'])} ranks, resumed with {self.world}")
-        self.step, self.nonfinite, self.empty_steps = state["step"], state["nonfinite"], state["empty_steps"]
-        self.cursors = list(state["cursors"])
+        if ckpt is not None:
+            state = checkpoint.load(ckpt, self.model, self.optimizer)
+            if len(state["cursors"]) != self.world:
+                raise BfspoError(f"{ckpt}: saved with {len(state['cursors'])} ranks, resumed with {self.world}")
+            self.step, self.nonfinite, self.empty_steps = state["step"], state["nonfinite"], state["empty_steps"]
+            self.cursors = list(state["cursors"])
+            self.engine.sync_weights(self.model)  # an engine holding its own weights (vLLM) samples the restored policy
+            tqdm.write(f"resuming {self.run_dir} from step {self.step}")
         metrics = self.run_dir / "metrics.jsonl"
-        if self.rank == 0 and metrics.exists():  # drop rows logged after the checkpoint
-            rows = [r for _, r in read_jsonl(metrics) if r["step"] <= self.step]
+        if self.rank == 0 and metrics.exists():  # drop rows logged after the checkpoint, and a torn last line
+            rows = [r for _, r in read_jsonl(metrics, skipped=[]) if r["step"] <= self.step]
             atomic_write_text(metrics, "".join(json.dumps(r) + "\n" for r in rows))
-        tqdm.write(f"resuming {self.run_dir} from step {self.step}")
 
     def save_checkpoint(self) -> None:
         state = self.state()

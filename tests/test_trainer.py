@@ -3,6 +3,7 @@ and data parallelism under torchrun (2 processes, gloo)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,17 +85,17 @@ def test_resume_after_kill(tiny_model_dir, train_data, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while time.time() < deadline and not (out / "checkpoint" / "COMPLETE").exists():
-        time.sleep(0.2)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGKILL)
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)  # right after the first checkpoint: 4 steps still to go
     proc.wait()
     assert not (out / "done.json").exists(), "the run finished before it could be killed"
     resumed = run_train(tiny_model_dir, train_data, out, steps=5)
     assert resumed.returncode == 0, resumed.stderr
-    assert "resuming" in resumed.stderr + resumed.stdout
     assert json.loads((out / "done.json").read_text())["steps"] == 5
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5]
+    resumed_from = re.search(r"resuming .* from step (\d+)", resumed.stdout)
+    assert resumed_from and 1 <= int(resumed_from.group(1)) < 5
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / "adapter")
 
 
@@ -156,3 +157,65 @@ def test_two_ranks_match_one_process(tiny_model_dir, train_data, tmp_path):
         assert torch.equal(r0[k], r1[k]), k
         torch.testing.assert_close(r0[k], single[k], atol=1e-6, rtol=1e-5)
     assert any(single[k].abs().sum() > 0 for k in single if "lora_B" in k)
+
+
+@pytest.mark.parametrize("chains, size, plan", [
+    ([[8, 8, 8, 8, 8, 8, 8, 8]], 32, [[(0, 0), (0, 1), (0, 2), (0, 3)], [(0, 4), (0, 5), (0, 6), (0, 7)]]),
+    ([[32, 32]], 32, [[(0, 0)], [(0, 1)]]),
+    ([[12, 12], [12, 12]], 16, [[(0, 0)], [(1, 0)], [(0, 1)], [(1, 1)]]),
+    ([[12], [12]], 24, [[(0, 0), (1, 0)]]),
+    ([[40], []], 32, [[(0, 0)]]),
+    ([[], []], 32, []),
+])
+def test_minibatch_plan(chains, size, plan):
+    from bfspo.trainer import minibatch_plan
+
+    assert minibatch_plan(chains, size) == plan
+
+
+def test_minibatch_plan_keeps_the_paper_schedule_on_any_number_of_ranks():
+    """App. C: 512 chains in mini-batches of 32 are 16 optimizer steps, on 1 rank or 8."""
+    from bfspo.trainer import minibatch_plan
+
+    for tree_chains in (8, 32):  # DAPO groups (K=0, G=8) and BFS-PO trees (K=3, G=8)
+        for world in (1, 2, 8):
+            per_rank = [[tree_chains] * (512 // tree_chains // world) for _ in range(world)]
+            plan = minibatch_plan(per_rank, 32)
+            assert len(plan) == 16
+            assert all(sum(per_rank[r][i] for r, i in mb) == 32 for mb in plan)
+
+
+def test_interrupted_checkpoint_swap_is_recovered(tmp_path):
+    """A save that died between its renames leaves checkpoint.old/ only; it is found, and the next
+    save keeps it until the new one is in place."""
+    from bfspo import checkpoint
+
+    old = tmp_path / "checkpoint.old"
+    old.mkdir()
+    (old / "COMPLETE").write_text("ok\n")
+    assert checkpoint.latest(tmp_path) == old
+
+    class Model:
+        def save_pretrained(self, path):
+            path.mkdir(parents=True)
+
+    class Opt:
+        def state_dict(self):
+            return {}
+
+    checkpoint.save(tmp_path, Model(), Opt(), {"step": 2})
+    assert checkpoint.latest(tmp_path) == tmp_path / "checkpoint"
+    assert not old.exists() and not (tmp_path / "checkpoint.tmp").exists()
+    assert torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=False)["step"] == 2
+
+
+def test_torn_metrics_line_and_early_kill_do_not_break_resume(tiny_model_dir, train_data, tmp_path):
+    """A kill before the first checkpoint, or in the middle of appending a metrics row, must not leave
+    duplicate or unreadable rows for the resumed run."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 0.1}\n{"step": 2, "lo')
+    proc = run_train(tiny_model_dir, train_data, out, steps=2, save_every=5)
+    assert proc.returncode == 0, proc.stderr
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
