@@ -212,7 +212,7 @@ def test_seeds_multiply_the_runs_not_the_zero_shot(tmp_path):
 @pytest.mark.slow
 def test_test_config_runs_end_to_end(tmp_path):
     """config/test.yaml, the toy DAG at its smallest, from data generation to the report (2-3 min)."""
-    for name in ("Snakefile", "workflow", "config"):
+    for name in ("Snakefile", "workflow", "config", "environment.yml"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
     (tmp_path / "data").mkdir()

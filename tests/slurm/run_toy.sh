@@ -22,7 +22,7 @@ if [[ ${KEEP_CLUSTER:-0} != 1 ]]; then
 fi
 
 mkdir -p "$WORK/data"
-cp -r "$ROOT/Snakefile" "$ROOT/workflow" "$ROOT/config" "$ROOT/slurm" "$WORK/"
+cp -r "$ROOT/Snakefile" "$ROOT/workflow" "$ROOT/config" "$ROOT/slurm" "$ROOT/environment.yml" "$WORK/"
 cp "$ROOT/data/reported_results.csv" "$WORK/data/"
 ln -sfn "$ROOT/data/raw" "$WORK/data/raw"
 cd "$WORK"
