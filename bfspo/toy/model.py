@@ -29,23 +29,25 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 512, split_digits: bool = False):
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 512):
     """Train a byte-level BPE tokenizer on `texts` and wrap it as a transformers fast tokenizer.
 
     EOS is `<|im_end|>` (the end of an assistant turn, as in Qwen2.5), padding is `<|endoftext|>`.
-    With `split_digits`, every digit is its own token (as in Qwen2.5 and Llama; a space before a
-    number stays with its first digit), which lets a tiny model learn arithmetic digit by digit.
+    Normalisation and pre-tokenisation are Qwen2's own (NFC, Qwen2's split regex, which makes
+    every digit a token, then byte-level): a saved model directory has model_type qwen2, so
+    AutoTokenizer loads it as a Qwen2Tokenizer, which rebuilds exactly this pipeline around the
+    trained vocabulary. Any other pipeline would tokenise differently once reloaded.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     tok = Tokenizer(models.BPE())
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    if split_digits:
-        digits = pre_tokenizers.Split(Regex(r" ?[0-9]"), behavior="isolated")
-        tok.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level])
-    else:
-        tok.pre_tokenizer = byte_level
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -1,0 +1,73 @@
+"""`bfspo toy`: build the embedded toy task and its tiny reasoning model (two Snakemake rules).
+
+    bfspo toy data  --out-dir DIR [--seed S] [--n-train N] [--n-rl N] [--n-eval N]
+        writes DIR/train.jsonl (SFT rows: question, answer, style, solution), DIR/rl_train.jsonl
+        (RL questions), DIR/toy.jsonl and DIR/toy_ood.jsonl (evaluation splits); all questions
+        are distinct across the four files.
+    bfspo toy build --train DIR/train.jsonl --out-dir MODEL_DIR [--size default|test] [overrides]
+        trains the tokenizer, builds the Qwen2 model and fine-tunes it; MODEL_DIR is a Hugging
+        Face model directory with sft.json (config, losses, wall time), renamed into place last.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bfspo.errors import BfspoError
+from bfspo.io import read_jsonl, write_jsonl
+
+SPLIT_FILES = ("toy", "toy_ood", "rl_train", "train")
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="toy_command", required=True)
+    data = sub.add_parser("data", help="generate the toy problems and their mixed-style solutions")
+    data.add_argument("--out-dir", required=True, type=Path)
+    data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--n-train", type=int, default=12000, help="SFT rows (one solution each)")
+    data.add_argument("--n-rl", type=int, default=2000, help="RL training questions")
+    data.add_argument("--n-eval", type=int, default=200, help="questions in each of toy and toy_ood")
+
+    build = sub.add_parser("build", help="train the tokenizer and the tiny model on train.jsonl")
+    build.add_argument("--train", required=True, type=Path, help="train.jsonl from `bfspo toy data`")
+    build.add_argument("--out-dir", required=True, type=Path)
+    build.add_argument("--size", default="default", help="default | test")
+    from bfspo.toy.sft import SFTConfig
+
+    for name, field in SFTConfig.__dataclass_fields__.items():
+        build.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), default=None,
+                           help=f"override the size's {name}")
+
+
+def _run_data(args) -> int:
+    from bfspo.toy.task import make_splits
+
+    for name in ("n_train", "n_rl", "n_eval"):
+        if getattr(args, name) < 1:
+            raise BfspoError(f"--{name.replace('_', '-')} must be at least 1")
+    splits = make_splits(args.seed, args.n_train, args.n_rl, args.n_eval)
+    for name in SPLIT_FILES:
+        n = write_jsonl(args.out_dir / f"{name}.jsonl", splits[name])
+        print(f"bfspo toy data: wrote {n} rows to {args.out_dir / f'{name}.jsonl'}")
+    return 0
+
+
+def _run_build(args) -> int:
+    from bfspo.toy.sft import SFTConfig, build, config_for
+
+    rows = []
+    for lineno, row in read_jsonl(args.train):
+        for key in ("question", "solution"):
+            if not isinstance(row.get(key), str):
+                raise BfspoError(f"{args.train}:{lineno}: field {key!r} missing or not a string")
+        rows.append(row)
+    overrides = {name: getattr(args, name) for name in SFTConfig.__dataclass_fields__}
+    summary = build(rows, config_for(args.size, **overrides), args.out_dir)
+    print(f"bfspo toy build: {summary['parameters']} parameters, loss {summary['loss_first']:.3f} -> "
+          f"{summary['loss_last']:.3f} in {summary['wall_s']:.0f} s; saved {args.out_dir}")
+    return 0
+
+
+def run(args) -> int:
+    return _run_data(args) if args.toy_command == "data" else _run_build(args)

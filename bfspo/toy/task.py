@@ -1,0 +1,262 @@
+"""The toy reasoning task: seeded multi-step arithmetic word problems with integer answers.
+
+A problem tracks one quantity (Tom's apples, the hotel's guests, ...) over 2-5 consecutive days,
+each day an addition, subtraction, doubling or halving with a small operand:
+
+    Tom has 14 apples. On Friday, Tom eats 9 apples. On Saturday, the apples become 2 times
+    as many. How many apples does Tom have now?
+
+Every problem has one solution per verbosity *style*, all ending in `\\boxed{N}` (so
+`bfspo.rewards` checks them like MATH answers):
+
+- `concise`: the equations only, one per day (`Friday: 14 - 9 = 5`);
+- `stepwise`: one short sentence per day with the unit of the result;
+- `verbose`: the start restated, every fact restated before its equation, units in every
+  equation, and a recap before the answer.
+
+A model trained on the mix learns several lengths for the same problem, so shorter correct answers
+exist for RL to find: the toy analogue of an overthinking reasoning model. The day names are the
+cue a tiny model uses to find each step's operand in the question.
+
+Splits: `toy` (in-domain: the training templates, 2-5 steps) and `toy_ood` (out-of-domain: half
+its problems use story templates never seen in training, with 2-5 steps; half use the training
+templates with 6-7 steps).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+# Small enough for a tiny model: every value in [1, 20]; add/sub operands 2-9; mul/div by 2.
+START = (2, 15)
+ADD_SUB = (2, 9)
+MAX_VALUE = 20
+ID_STEPS = (2, 5)
+OOD_STEPS = (6, 7)
+
+DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+STYLES = ("concise", "stepwise", "verbose")
+STYLE_WEIGHTS = {"concise": 0.2, "stepwise": 0.3, "verbose": 0.5}
+SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+
+
+@dataclass(frozen=True)
+class Template:
+    """One story frame. `{v}` is a value, `{n}` an operand.
+
+    subject: who or what holds the quantity (as written mid-sentence).
+    unit: what is counted.
+    start: the first fact, which gives the starting value.
+    ops: for each operation (add, sub, and mul, div by 2), the clauses that can state one day's change.
+    ask: the question sentence.
+    """
+
+    name: str
+    subject: str
+    unit: str
+    start: str
+    ops: dict[str, tuple[str, ...]]
+    ask: str
+
+
+def _template(name: str, subject: str, unit: str, verb: str, ops: dict[str, tuple[str, ...]]) -> Template:
+    """A story where `subject` has (`verb`) a number of `unit`."""
+    owner = subject[0].upper() + subject[1:]
+    return Template(name, subject, unit, f"{owner} {verb} {{v}} {unit}.", ops,
+                    f"How many {unit} does {subject} have now?")
+
+
+TEMPLATES = {
+    t.name: t
+    for t in (
+        _template("apples", "Tom", "apples", "has", {
+            "add": ("Tom buys {n} more apples", "Tom finds {n} apples"),
+            "sub": ("Tom gives away {n} apples", "Tom eats {n} apples"),
+            "mul": ("the apples double",),
+            "div": ("Tom gives away half of the apples",),
+        }),
+        _template("hotel", "the hotel", "guests", "has", {
+            "add": ("{n} guests arrive", "{n} more guests check in"),
+            "sub": ("{n} guests leave", "{n} guests check out"),
+            "mul": ("the number of guests doubles",),
+            "div": ("half of the guests leave",),
+        }),
+        _template("savings", "Mia", "dollars", "has", {
+            "add": ("Mia earns {n} dollars", "Mia gets {n} dollars as a gift"),
+            "sub": ("Mia spends {n} dollars", "Mia pays {n} dollars for lunch"),
+            "mul": ("Mia doubles her dollars",),
+            "div": ("Mia spends half of her dollars",),
+        }),
+        _template("shop", "the shop", "boxes", "has", {
+            "add": ("a truck brings {n} boxes", "the shop gets {n} more boxes"),
+            "sub": ("the shop sells {n} boxes", "a truck takes {n} boxes away"),
+            "mul": ("the number of boxes doubles",),
+            "div": ("the shop sells half of the boxes",),
+        }),
+        # Held out of training: only in the out-of-domain split.
+        _template("library", "the library", "books", "has", {
+            "add": ("a donor gives {n} books", "the library buys {n} more books"),
+            "sub": ("readers take {n} books home", "the library throws away {n} books"),
+            "mul": ("the number of books doubles",),
+            "div": ("the library gives away half of the books",),
+        }),
+        _template("farm", "the farm", "sheep", "has", {
+            "add": ("{n} lambs are born", "the farmer buys {n} more sheep"),
+            "sub": ("the farmer sells {n} sheep", "{n} sheep run away"),
+            "mul": ("the flock doubles in size",),
+            "div": ("half of the sheep are sold",),
+        }),
+    )
+}
+ID_TEMPLATES = ("apples", "hotel", "savings", "shop")
+OOD_TEMPLATES = ("library", "farm")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One day's change: `before op operand = after`, stated by `clause`."""
+
+    day: str
+    op: str
+    operand: int
+    before: int
+    after: int
+    clause: str
+
+    @property
+    def sentence(self) -> str:
+        return f"On {self.day}, {self.clause}."
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A start value and its steps, told with the story `template`."""
+
+    template: str
+    start: int
+    steps: tuple[Step, ...]
+
+    @property
+    def answer(self) -> int:
+        return self.steps[-1].after
+
+    @property
+    def start_sentence(self) -> str:
+        return TEMPLATES[self.template].start.format(v=self.start)
+
+    @property
+    def question(self) -> str:
+        return " ".join([self.start_sentence, *(s.sentence for s in self.steps), TEMPLATES[self.template].ask])
+
+
+def _choose_step(rng: random.Random, value: int) -> tuple[str, int, int]:
+    """A random operation that keeps the result in [1, MAX_VALUE]: (op, operand, result)."""
+    options = []
+    if value + ADD_SUB[0] <= MAX_VALUE:
+        options.append("add")
+    if value - ADD_SUB[0] >= 1:
+        options.append("sub")
+    if 2 * value <= MAX_VALUE:
+        options.append("mul")
+    if value % 2 == 0:
+        options.append("div")
+    op = rng.choice(options)
+    if op == "add":
+        n = rng.randint(ADD_SUB[0], min(ADD_SUB[1], MAX_VALUE - value))
+        return op, n, value + n
+    if op == "sub":
+        n = rng.randint(ADD_SUB[0], min(ADD_SUB[1], value - 1))
+        return op, n, value - n
+    return op, 2, value * 2 if op == "mul" else value // 2
+
+
+def make_problem(rng: random.Random, template: str, n_steps: int) -> Problem:
+    """One random problem of `n_steps` steps on consecutive days (from a random weekday),
+    told with the story `template`."""
+    ops = TEMPLATES[template].ops
+    first_day = rng.randrange(len(DAYS))
+    start = value = rng.randint(*START)
+    steps = []
+    for i in range(n_steps):
+        op, n, after = _choose_step(rng, value)
+        day = DAYS[(first_day + i) % len(DAYS)]
+        steps.append(Step(day, op, n, value, after, rng.choice(ops[op]).format(n=n)))
+        value = after
+    return Problem(template, start, tuple(steps))
+
+
+def _equation(step: Step, unit: str = "") -> str:
+    """`a op n = b`, with `unit` after the two quantities (not after the operand)."""
+    u = f" {unit}" if unit else ""
+    return f"{step.before}{u} {SYMBOL[step.op]} {step.operand} = {step.after}{u}"
+
+
+def solution(problem: Problem, style: str) -> str:
+    """The solution of `problem` in `style` (one of STYLES); each ends with \\boxed{answer}."""
+    p, t = problem, TEMPLATES[problem.template]
+    boxed = f"\\boxed{{{p.answer}}}"
+    if style == "concise":
+        return "\n".join([*(f"{s.day}: {_equation(s)}" for s in p.steps), boxed])
+    if style == "stepwise":
+        lines = [f"On {s.day}, {_equation(s)} {t.unit}." for s in p.steps]
+        return "\n".join([*lines, f"The answer is {boxed}."])
+    if style == "verbose":
+        lines = [f"Let me restate the facts. {p.start_sentence}"]
+        lines += [f"On {s.day}, {s.clause}: {_equation(s, t.unit)}." for s in p.steps]
+        lines.append(f"To recap: from {p.start} to {p.answer} {t.unit}.")
+        lines.append(f"So the final answer is {boxed}.")
+        return "\n".join(lines)
+    raise ValueError(f"unknown style {style!r}; known: {', '.join(STYLES)}")
+
+
+def style_of(response: str) -> str:
+    """The style a (generated) response follows, from how it opens: for length reports."""
+    if response.startswith("Let me restate"):
+        return "verbose"
+    if response.startswith("On "):
+        return "stepwise"
+    return "concise"
+
+
+def _rows(rng: random.Random, split: str, n: int, seen: set[str], with_solution: bool) -> list[dict]:
+    """`n` problems with questions unseen so far (recorded in `seen`), as prepared-data rows."""
+    rows = []
+    while len(rows) < n:
+        if split == "toy_ood":
+            unseen = len(rows) % 2 == 0
+            template = rng.choice(OOD_TEMPLATES if unseen else ID_TEMPLATES)
+            n_steps = rng.randint(*(ID_STEPS if unseen else OOD_STEPS))
+        else:
+            template, n_steps = rng.choice(ID_TEMPLATES), rng.randint(*ID_STEPS)
+        p = make_problem(rng, template, n_steps)
+        if p.question in seen:
+            continue
+        seen.add(p.question)
+        row = {
+            "id": f"{split}-{len(rows):05d}",
+            "question": p.question,
+            "answer": str(p.answer),
+            "benchmark": "toy_ood" if split == "toy_ood" else "toy",
+            "template": template,
+            "steps": n_steps,
+        }
+        if with_solution:
+            style = rng.choices(STYLES, weights=[STYLE_WEIGHTS[s] for s in STYLES])[0]
+            row.update(style=style, solution=solution(p, style))
+        rows.append(row)
+    return rows
+
+
+def make_splits(seed: int, n_train: int, n_rl: int, n_eval: int) -> dict[str, list[dict]]:
+    """All splits, with pairwise disjoint questions: {"train": SFT rows with `solution` and
+    `style`, "rl_train": RL questions, "toy": in-domain eval, "toy_ood": out-of-domain eval}.
+
+    The evaluation splits are drawn first, so their questions do not depend on the train sizes.
+    """
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    out = {split: _rows(rng, split, n_eval, seen, False) for split in ("toy", "toy_ood")}
+    out["rl_train"] = _rows(rng, "rl_train", n_rl, seen, False)
+    out["train"] = _rows(rng, "train", n_train, seen, True)
+    return out

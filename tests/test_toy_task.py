@@ -1,0 +1,140 @@
+"""The toy task: reproducible problems, correct solutions in every style, disjoint splits."""
+
+import random
+import statistics
+
+import pytest
+
+from bfspo.cli import main
+from bfspo.io import read_jsonl
+from bfspo.rewards import is_correct
+from bfspo.toy.model import train_tokenizer
+from bfspo.toy.sft import tokenizer_corpus
+from bfspo.toy.task import (ADD_SUB, DAYS, ID_STEPS, ID_TEMPLATES, MAX_VALUE, OOD_STEPS, OOD_TEMPLATES,
+                            STYLES, make_problem, make_splits, solution, style_of)
+
+APPLY = {"add": lambda a, n: a + n, "sub": lambda a, n: a - n, "mul": lambda a, n: a * n, "div": lambda a, n: a / n}
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return make_splits(seed=7, n_train=300, n_rl=100, n_eval=60)
+
+
+def test_same_seed_same_data_and_other_seed_other_data(splits):
+    assert make_splits(seed=7, n_train=300, n_rl=100, n_eval=60) == splits
+    assert make_splits(seed=8, n_train=300, n_rl=100, n_eval=60)["toy"] != splits["toy"]
+
+
+def test_eval_splits_do_not_depend_on_training_sizes(splits):
+    other = make_splits(seed=7, n_train=10, n_rl=5, n_eval=60)
+    assert other["toy"] == splits["toy"] and other["toy_ood"] == splits["toy_ood"]
+
+
+def test_split_sizes_schema_and_disjoint_questions(splits):
+    sizes = {"train": 300, "rl_train": 100, "toy": 60, "toy_ood": 60}
+    questions = []
+    for name, rows in splits.items():
+        assert len(rows) == sizes[name]
+        assert len({r["id"] for r in rows}) == len(rows)
+        for r in rows:
+            assert r["benchmark"] == ("toy_ood" if name == "toy_ood" else "toy")
+            assert isinstance(r["answer"], str) and 1 <= int(r["answer"]) <= MAX_VALUE
+            assert ("solution" in r) == (name == "train")
+        questions += [r["question"] for r in rows]
+    assert len(set(questions)) == len(questions)
+
+
+def test_in_domain_and_out_of_domain_differ_as_specified(splits):
+    for name in ("train", "rl_train", "toy"):
+        assert {r["template"] for r in splits[name]} == set(ID_TEMPLATES)
+        assert {r["steps"] for r in splits[name]} == set(range(ID_STEPS[0], ID_STEPS[1] + 1))
+    ood = splits["toy_ood"]
+    unseen = [r for r in ood if r["template"] in OOD_TEMPLATES]
+    longer = [r for r in ood if r["template"] in ID_TEMPLATES]
+    assert len(unseen) == len(longer) == len(ood) // 2
+    assert {r["steps"] for r in unseen} <= set(range(ID_STEPS[0], ID_STEPS[1] + 1))
+    assert {r["steps"] for r in longer} == set(range(OOD_STEPS[0], OOD_STEPS[1] + 1))
+
+
+@pytest.mark.parametrize("template", ID_TEMPLATES + OOD_TEMPLATES)
+def test_every_step_is_exact_small_arithmetic_stated_in_the_question(template):
+    rng = random.Random(template)
+    for _ in range(50):
+        p = make_problem(rng, template, 7)
+        value = p.start
+        assert p.question.startswith(p.start_sentence) and f" {p.start} " in p.start_sentence
+        for s in p.steps:
+            assert s.before == value and s.after == APPLY[s.op](s.before, s.operand)
+            assert 1 <= s.after <= MAX_VALUE
+            if s.op in ("add", "sub"):
+                assert ADD_SUB[0] <= s.operand <= ADD_SUB[1] and f" {s.operand} " in f" {s.sentence} "
+            else:
+                assert s.operand == 2 and ("double" if s.op == "mul" else "half") in s.sentence
+            assert s.sentence in p.question
+            value = s.after
+        assert p.answer == value
+
+
+def test_steps_fall_on_consecutive_days_named_in_every_style():
+    p = make_problem(random.Random(3), "hotel", 7)
+    first = DAYS.index(p.steps[0].day)
+    assert [s.day for s in p.steps] == [DAYS[(first + i) % 7] for i in range(7)]
+    for style in STYLES:
+        lines = solution(p, style).splitlines()
+        offset = 1 if style == "verbose" else 0  # the verbose solution restates the start first
+        for s, line in zip(p.steps, lines[offset:]):
+            assert s.day in line and f"= {s.after}" in line
+
+
+def test_every_style_is_verified_correct_and_a_wrong_answer_is_not(splits):
+    rng = random.Random(0)
+    problems = [make_problem(rng, rng.choice(ID_TEMPLATES + OOD_TEMPLATES), rng.randint(2, 7)) for _ in range(12)]
+    for p in problems:
+        for style in STYLES:
+            text = solution(p, style)
+            assert text.endswith(f"\\boxed{{{p.answer}}}") or text.endswith(f"\\boxed{{{p.answer}}}.")
+            assert is_correct("toy", text, str(p.answer))
+            wrong = text.replace(f"\\boxed{{{p.answer}}}", f"\\boxed{{{p.answer + 1}}}")
+            assert not is_correct("toy", wrong, str(p.answer))
+            assert style_of(text) == style
+    for r in splits["train"][:40]:
+        assert is_correct("toy", r["solution"], r["answer"])
+        assert style_of(r["solution"]) == r["style"]
+
+
+def test_training_mixes_all_styles(splits):
+    counts = {s: sum(r["style"] == s for r in splits["train"]) for s in STYLES}
+    assert all(n >= 30 for n in counts.values()), counts
+
+
+def test_styles_differ_in_length_and_fit_the_toy_budget(splits):
+    tok = train_tokenizer(tokenizer_corpus(splits["train"]), 544)
+    lengths = {s: [] for s in STYLES}
+    rng = random.Random(1)
+    for _ in range(120):
+        p = make_problem(rng, rng.choice(ID_TEMPLATES), rng.randint(*ID_STEPS))
+        n = {s: len(tok(solution(p, s))["input_ids"]) + 1 for s in STYLES}  # + EOS
+        assert n["concise"] < n["stepwise"] < n["verbose"]
+        for s in STYLES:
+            lengths[s].append(n[s])
+    means = {s: statistics.mean(v) for s, v in lengths.items()}
+    assert means["verbose"] > 2 * means["concise"] and means["stepwise"] > 1.15 * means["concise"], means
+    # Budget 256: the overlong penalty starts at 0.6 * 256 tokens and is -1 from 0.8 * 256 on.
+    assert max(lengths["verbose"]) < 0.8 * 256
+    assert statistics.mean(v <= 0.6 * 256 for v in lengths["verbose"]) > 0.9
+
+
+def test_cli_writes_the_four_files_reproducibly(tmp_path):
+    args = ["toy", "data", "--seed", "3", "--n-train", "50", "--n-rl", "20", "--n-eval", "10"]
+    assert main([*args, "--out-dir", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out-dir", str(tmp_path / "b")]) == 0
+    for name, n in (("train", 50), ("rl_train", 20), ("toy", 10), ("toy_ood", 10)):
+        a, b = tmp_path / "a" / f"{name}.jsonl", tmp_path / "b" / f"{name}.jsonl"
+        assert a.read_bytes() == b.read_bytes()
+        assert len(list(read_jsonl(a))) == n
+
+
+def test_cli_rejects_empty_splits(tmp_path, capsys):
+    assert main(["toy", "data", "--out-dir", str(tmp_path), "--n-eval", "0"]) == 2
+    assert "--n-eval" in capsys.readouterr().err
