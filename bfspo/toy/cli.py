@@ -25,7 +25,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     data = sub.add_parser("data", help="generate the toy problems and their mixed-style solutions")
     data.add_argument("--out-dir", required=True, type=Path)
     data.add_argument("--seed", type=int, default=0)
-    data.add_argument("--n-train", type=int, default=12000, help="SFT rows (one solution each)")
+    data.add_argument("--n-train", type=int, default=20000, help="SFT rows (one solution each)")
     data.add_argument("--n-rl", type=int, default=2000, help="RL training questions")
     data.add_argument("--n-eval", type=int, default=200, help="questions in each of toy and toy_ood")
 

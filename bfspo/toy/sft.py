@@ -46,15 +46,15 @@ class SFTConfig:
     threads: torch CPU threads (0 = leave torch's default).
     """
 
-    vocab_size: int = 640
+    vocab_size: int = 512
     hidden_size: int = 128
-    intermediate_size: int = 0
+    intermediate_size: int = 256
     layers: int = 3
     heads: int = 4
     kv_heads: int = 2
-    steps: int = 600
-    batch_size: int = 32
-    lr: float = 3e-3
+    steps: int = 3000
+    batch_size: int = 8
+    lr: float = 5e-3
     warmup: int = 30
     weight_decay: float = 0.1
     grad_clip: float = 1.0
