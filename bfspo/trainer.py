@@ -22,6 +22,7 @@ import json
 import math
 import random
 import resource
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -369,8 +370,6 @@ class Trainer:
     def finish(self) -> None:
         """The final adapter (through a temporary folder), then done.json last."""
         final, tmp = self.run_dir / "adapter", self.run_dir / "adapter.tmp"
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
         self.model.save_pretrained(tmp)
         shutil.rmtree(final, ignore_errors=True)
