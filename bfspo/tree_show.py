@@ -1,4 +1,5 @@
 """`bfspo tree show FILE [--index N]`: render logged search trees (SearchTree.to_dict lines) as text.
+`bfspo tree stats RUN_DIR|FILE ...`: where their training signal goes (bfspo/tree_stats.py).
 
 Backtracking tokens w^b are marked [[like this]], as the highlighted tokens of the paper's Fig. 5.
 The output has three parts per tree: a summary with every expansion, the path selected at each
@@ -23,6 +24,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     show.add_argument("file", help="JSONL file with one SearchTree.to_dict() per line")
     show.add_argument("--index", type=int, default=None, help="render only the tree on this line (0-based)")
     show.add_argument("--tokenizer", default=None, help="tokenizer (model dir) to decode trees logged without text")
+    stats = sub.add_parser("stats", help="signal statistics of logged trees, one block per run directory or file")
+    stats.add_argument("paths", nargs="+", help="run directories (their trees/step_*.jsonl) or tree files")
 
 
 def _fmt(x: float | None) -> str:
@@ -78,6 +81,22 @@ def render_tree(d: dict, decode: Callable[[list[int]], list[str]] | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
+    return _show(args) if args.action == "show" else _stats(args)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from bfspo.tree_stats import format_stats, read_trees, tree_files, tree_stats
+
+    for n, path in enumerate(args.paths):
+        try:
+            stats = tree_stats(read_trees(tree_files([path])))
+        except (KeyError, TypeError, IndexError, ValueError) as e:
+            raise BfspoError(f"{path}: not logged search trees ({type(e).__name__}: {e})") from None
+        print(("\n" if n else "") + format_stats(path, stats))
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
     rows = list(read_jsonl(args.file))
     if args.index is not None and not 0 <= args.index < len(rows):
         raise BfspoError(f"{args.file}: --index {args.index} out of range (the file holds {len(rows)} trees)")

@@ -1,4 +1,4 @@
-"""The toy task: reproducible problems, correct solutions in every style, disjoint splits."""
+"""The toy task: reproducible problems, correct solutions in every mix of forms, disjoint splits."""
 
 import random
 import statistics
@@ -10,8 +10,8 @@ from bfspo.io import read_jsonl
 from bfspo.rewards import is_correct
 from bfspo.toy.model import train_tokenizer
 from bfspo.toy.sft import tokenizer_corpus
-from bfspo.toy.task import (ADD_SUB, DAYS, ID_STEPS, ID_TEMPLATES, MAX_VALUE, OOD_STEPS, OOD_TEMPLATES,
-                            STYLES, make_problem, make_splits, solution, style_of)
+from bfspo.toy.task import (ADD_SUB, DAYS, FORM_WEIGHTS, FORMS, ID_STEPS, ID_TEMPLATES, MAX_VALUE, OOD_STEPS,
+                            OOD_TEMPLATES, line_forms, make_problem, make_splits, random_forms, solution)
 
 APPLY = {"add": lambda a, n: a + n, "sub": lambda a, n: a - n, "mul": lambda a, n: a * n, "div": lambda a, n: a / n}
 
@@ -76,50 +76,73 @@ def test_every_step_is_exact_small_arithmetic_stated_in_the_question(template):
         assert p.answer == value
 
 
-def test_steps_fall_on_consecutive_days_named_in_every_style():
+def expected_line_forms(forms):
+    """The form of each line a solution with these part forms has: the opening and the recap
+    exist only in the verbose form."""
+    opening, *steps, recap, answer = forms
+    return ["verbose"] * (opening == "verbose") + steps + ["verbose"] * (recap == "verbose") + [answer]
+
+
+def test_steps_fall_on_consecutive_days_from_monday_named_in_every_form():
     p = make_problem(random.Random(3), "hotel", 7)
-    first = DAYS.index(p.steps[0].day)
-    assert [s.day for s in p.steps] == [DAYS[(first + i) % 7] for i in range(7)]
-    for style in STYLES:
-        lines = solution(p, style).splitlines()
-        offset = 1 if style == "verbose" else 0  # the verbose solution restates the start first
+    assert [s.day for s in p.steps] == list(DAYS)
+    for form in FORMS:
+        lines = solution(p, form).splitlines()
+        offset = 1 if form == "verbose" else 0  # the verbose opening restates the start first
         for s, line in zip(p.steps, lines[offset:]):
             assert s.day in line and f"= {s.after}" in line
 
 
-def test_every_style_is_verified_correct_and_a_wrong_answer_is_not(splits):
+def test_every_mix_of_forms_is_verified_correct_and_a_wrong_answer_is_not(splits):
     rng = random.Random(0)
-    problems = [make_problem(rng, rng.choice(ID_TEMPLATES + OOD_TEMPLATES), rng.randint(2, 7)) for _ in range(12)]
-    for p in problems:
-        for style in STYLES:
-            text = solution(p, style)
+    for _ in range(40):
+        p = make_problem(rng, rng.choice(ID_TEMPLATES + OOD_TEMPLATES), rng.randint(2, 7))
+        for forms in (*FORMS, random_forms(rng, len(p.steps))):
+            text = solution(p, forms)
             assert text.endswith(f"\\boxed{{{p.answer}}}") or text.endswith(f"\\boxed{{{p.answer}}}.")
             assert is_correct("toy", text, str(p.answer))
             wrong = text.replace(f"\\boxed{{{p.answer}}}", f"\\boxed{{{p.answer + 1}}}")
             assert not is_correct("toy", wrong, str(p.answer))
-            assert style_of(text) == style
-    for r in splits["train"][:40]:
+            full = (forms,) * (len(p.steps) + 3) if isinstance(forms, str) else forms
+            assert line_forms(text) == expected_line_forms(full)
+    for r in splits["train"][:100]:
         assert is_correct("toy", r["solution"], r["answer"])
-        assert style_of(r["solution"]) == r["style"]
+        assert len(r["forms"]) == r["steps"] + 3
+        assert line_forms(r["solution"]) == expected_line_forms(r["forms"])
 
 
-def test_training_mixes_all_styles(splits):
-    counts = {s: sum(r["style"] == s for r in splits["train"]) for s in STYLES}
-    assert all(n >= 30 for n in counts.values()), counts
+def test_solution_rejects_a_wrong_number_of_forms_or_an_unknown_form():
+    p = make_problem(random.Random(0), "apples", 3)
+    with pytest.raises(ValueError, match="need 6 forms"):
+        solution(p, ("concise",) * 5)
+    with pytest.raises(ValueError, match="need 6 forms"):
+        solution(p, "terse")
 
 
-def test_styles_differ_in_length_and_fit_the_toy_budget(splits):
+def test_training_mixes_forms_within_solutions(splits):
+    parts = [f for r in splits["train"] for f in r["forms"]]
+    for form in FORMS:
+        share = parts.count(form) / len(parts)
+        assert abs(share - FORM_WEIGHTS[form]) < 0.05, (form, share)
+    mixed = [r for r in splits["train"] if len(set(r["forms"])) > 1]
+    assert len(mixed) > 0.9 * len(splits["train"])
+
+
+def test_forms_differ_in_length_and_fit_the_toy_budget(splits):
     tok = train_tokenizer(tokenizer_corpus(splits["train"]), 544)
-    lengths = {s: [] for s in STYLES}
+    lengths = {f: [] for f in (*FORMS, "mixed")}
     rng = random.Random(1)
     for _ in range(120):
         p = make_problem(rng, rng.choice(ID_TEMPLATES), rng.randint(*ID_STEPS))
-        n = {s: len(tok(solution(p, s))["input_ids"]) + 1 for s in STYLES}  # + EOS
+        n = {f: len(tok(solution(p, f))["input_ids"]) + 1 for f in FORMS}  # + EOS
+        n["mixed"] = len(tok(solution(p, random_forms(rng, len(p.steps))))["input_ids"]) + 1
         assert n["concise"] < n["stepwise"] < n["verbose"]
-        for s in STYLES:
-            lengths[s].append(n[s])
-    means = {s: statistics.mean(v) for s, v in lengths.items()}
+        assert n["concise"] <= n["mixed"] <= n["verbose"]
+        for f, v in n.items():
+            lengths[f].append(v)
+    means = {f: statistics.mean(v) for f, v in lengths.items()}
     assert means["verbose"] > 2 * means["concise"] and means["stepwise"] > 1.15 * means["concise"], means
+    assert statistics.pstdev(lengths["mixed"]) > 0.2 * means["mixed"]
     # Budget 256: the overlong penalty starts at 0.6 * 256 tokens and is -1 from 0.8 * 256 on.
     assert max(lengths["verbose"]) < 0.8 * 256
     assert statistics.mean(v <= 0.6 * 256 for v in lengths["verbose"]) > 0.9

@@ -1,9 +1,13 @@
-"""`bfspo tree show`: logged trees rendered as text, backtracking tokens marked [[...]] as in Fig. 5."""
+"""`bfspo tree show`: logged trees rendered as text, backtracking tokens marked [[...]] as in Fig. 5;
+`bfspo tree stats`: where their training signal goes."""
+
+import pytest
 
 from bfspo.advantages import assign_advantages, assign_rewards
 from bfspo.cli import main
 from bfspo.io import write_jsonl
 from bfspo.tree import SearchTree
+from bfspo.tree_stats import tree_stats
 
 WORDS = {1: "<eos>", 2: "Let", 3: "'s", 4: " count", 5: " pieces", 6: " are", 7: " left", 8: " 4",
          9: " her", 10: " ate", 11: " 5"}
@@ -82,3 +86,33 @@ def test_tokenizer_decodes_trees_logged_without_text(tmp_path, capsys, tiny_mode
     assert "'Tom has 3 apples.'" in capsys.readouterr().out
     assert main(["tree", "show", str(path), "--tokenizer", str(tmp_path / "nope")]) == 2
     assert "tokenizer" in capsys.readouterr().err
+
+
+def test_stats_of_a_hand_worked_tree(tmp_path, capsys):
+    """logged_tree(): root children b (expanded; children s and n, both correct) and w (wrong).
+    R(b) = 1, R(w) = -1, so A(b) = (1 - 0) / std(1, -1) = 1 / sqrt(2); below b both children are
+    worth 1: sigma = 0, advantage 0. Initial leaves s (correct, 8 tokens) and w (wrong); the one
+    expansion leaf n is correct with 7 tokens; w^b sits at depth 4 of an 8-token path."""
+    t, ids = logged_tree()
+    run = tmp_path / "run"
+    write_jsonl(run / "trees" / "step_00001.jsonl", [t.to_dict(decode)])
+    stats = tree_stats([t.to_dict()])
+    assert stats == pytest.approx({
+        "trees": 1, "filtered": 0, "branching_nodes": 2, "equal_children": 0.5,
+        "best_branch_advantage": 2 ** -0.5, "other_correct_advantage": None, "initial_accuracy": 0.5,
+        "expansion_accuracy": 1.0, "shortening": 1, "wb_relative_depth": 0.5}, abs=1e-5)
+    assert main(["tree", "stats", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "equal_children           0.500" in out and "best_branch_advantage    0.707" in out
+
+
+def test_stats_skip_filtered_trees_and_name_bad_paths(tmp_path, capsys):
+    t, ids = logged_tree()
+    t.segments[ids["w"]].leaf.correct = True  # every leaf correct: dynamic sampling drops the tree
+    assert tree_stats([t.to_dict()])["filtered"] == 1
+    assert tree_stats([t.to_dict()])["trees"] == 0
+    assert main(["tree", "stats", str(tmp_path / "missing")]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["tree", "stats", str(tmp_path / "empty")]) == 2
+    assert "log_trees" in capsys.readouterr().err

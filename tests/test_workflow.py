@@ -66,7 +66,8 @@ def write_config(tmp_path: Path, base: str, edit) -> Path:
 # ---- lint and validation ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("configfile", [None, "config/test.yaml", "config/paper.yaml"])
+@pytest.mark.parametrize("configfile", [None, "config/test.yaml", "config/paper.yaml", "config/toy-seeds.yaml",
+                                        "config/toy-gpu.yaml"])
 def test_lint_is_clean(configfile):
     proc = snakemake("--lint", *(["--configfile", configfile] if configfile else []))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -173,6 +174,20 @@ def test_toy_dag(configfile):
     out = dry_run(*(["--configfile", configfile] if configfile else []))
     assert job_counts(out) == TOY_DAG
     assert "gpu=1" not in out and "gpu=2" not in out
+
+
+@pytest.mark.parametrize("configfile, gpus", [("config/toy-seeds.yaml", 0), ("config/toy-gpu.yaml", 1)])
+def test_seed_studies_plan_three_seeds_of_dapo_and_bfspo(configfile, gpus):
+    out = dry_run("-p", "--configfile", configfile)
+    assert job_counts(out) == Counter(toy_data=1, toy_model=1, train=6, evaluate=2 + 12, table=1, aes_consistency=1,
+                                      figures=1, report=1, all=1)
+    runs = {re.search(r"wildcards: run=(\S+)", t).group(1) for r, t in jobs(out) if r == "train"}
+    assert runs == {f"{m}_toy_{x}_s{s}" for m in ["toy-gpu" if gpus else "toy"] for x in ("dapo", "bfspo") for s in range(3)}
+    for rule, text in jobs(out):
+        if rule in ("toy_model", "train", "evaluate"):
+            assert f"gpu={gpus}" in text, (rule, text)
+        if rule in ("train", "evaluate") and "toy_ood" not in text:
+            assert "budget=160" in text or "--budget 160" in text
 
 
 def test_an_ablation_is_a_few_config_lines(tmp_path):

@@ -1,7 +1,7 @@
 """`bfspo toy`: build the embedded toy task and its tiny reasoning model (two Snakemake rules).
 
     bfspo toy data  --out-dir DIR [--seed S] [--n-train N] [--n-rl N] [--n-eval N]
-        writes DIR/train.jsonl (SFT rows: question, answer, style, solution), DIR/rl_train.jsonl
+        writes DIR/train.jsonl (SFT rows: question, answer, forms, solution), DIR/rl_train.jsonl
         (RL questions), DIR/toy.jsonl and DIR/toy_ood.jsonl (evaluation splits); all questions
         are distinct across the four files.
     bfspo toy build --train DIR/train.jsonl --out-dir MODEL_DIR [--size default|test] [overrides]
@@ -22,7 +22,7 @@ SPLIT_FILES = ("toy", "toy_ood", "rl_train", "train")
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="toy_command", required=True)
-    data = sub.add_parser("data", help="generate the toy problems and their mixed-style solutions")
+    data = sub.add_parser("data", help="generate the toy problems and their solutions of mixed verbosity")
     data.add_argument("--out-dir", required=True, type=Path)
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--n-train", type=int, default=20000, help="SFT rows (one solution each)")

@@ -1,4 +1,4 @@
-"""Supervised training of the tiny toy model on the mixed-style solutions.
+"""Supervised training of the tiny toy model on the solutions of mixed verbosity.
 
 The tokenizer is trained on the toy corpus, a fresh Qwen2 model is sized for it, and the model is
 fully fine-tuned (float32, plain torch AdamW) on the assistant turn of each training row, with
@@ -44,6 +44,7 @@ class SFTConfig:
     grad_clip: maximum global gradient norm.
     seed: seeds the model initialisation and the batch order.
     threads: torch CPU threads (0 = leave torch's default).
+    device: `auto` (CUDA when available, else CPU), `cpu` or `cuda`. Training is float32 on either.
     """
 
     vocab_size: int = 512
@@ -60,13 +61,17 @@ class SFTConfig:
     grad_clip: float = 1.0
     seed: int = 0
     threads: int = 2
+    device: str = "auto"
 
 
 # "default": the toy DAG's model (aims at 30-80% accuracy at temperature 1 after SFT);
-# "test": the CI config's model, trained in seconds (its accuracy is near zero).
+# "test": the CI config's model, trained in seconds (its accuracy is near zero);
+# "gpu": config/toy-gpu.yaml's larger model, about 4.5M parameters (not yet run: no GPU so far).
 SIZES = {
     "default": SFTConfig(),
     "test": SFTConfig(vocab_size=400, hidden_size=32, intermediate_size=0, layers=2, steps=150, lr=1e-2, warmup=15),
+    "gpu": SFTConfig(hidden_size=256, intermediate_size=768, layers=6, heads=8, kv_heads=4, steps=4000,
+                     batch_size=32, lr=2e-3, warmup=100, threads=0),
 }
 
 
@@ -128,13 +133,16 @@ def train(model, examples: Sequence[tuple[list[int], int]], pad_id: int, cfg: SF
     import torch
     from tqdm import tqdm
 
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if cfg.device == "auto" else cfg.device)
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     stream = batches([len(ids) for ids, _ in examples], cfg.batch_size, random.Random(cfg.seed))
     losses = []
     model.train()
     bar = tqdm(range(cfg.steps), desc="toy sft", unit="step")
     for step in bar:
-        input_ids, mask, labels = collate([examples[i] for i in next(stream)], pad_id)
+        input_ids, mask, labels = (t.to(device) for t in collate([examples[i] for i in next(stream)], pad_id))
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
         if not torch.isfinite(loss):
             raise BfspoError(f"toy sft: loss became {loss.item()} at step {step}; lower --lr")
@@ -146,7 +154,7 @@ def train(model, examples: Sequence[tuple[list[int], int]], pad_id: int, cfg: SF
         opt.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    model.eval()
+    model.to("cpu").eval()
     return losses
 
 

@@ -3,20 +3,26 @@
 A problem tracks one quantity (Tom's apples, the hotel's guests, ...) over 2-5 consecutive days,
 each day an addition, subtraction, doubling or halving with a small operand:
 
-    Tom has 14 apples. On Friday, Tom eats 9 apples. On Saturday, the apples become 2 times
-    as many. How many apples does Tom have now?
+    Tom has 14 apples. On Monday, Tom eats 9 apples. On Tuesday, the apples double. How many
+    apples does Tom have now?
 
-Every problem has one solution per verbosity *style*, all ending in `\\boxed{N}` (so
-`bfspo.rewards` checks them like MATH answers):
+A solution is a sequence of *parts*: an opening restatement, one line per day, a recap, and the
+answer line. Each part independently takes one of three verbosity *forms*, and every solution ends
+in `\\boxed{N}` (so `bfspo.rewards` checks it like a MATH answer):
 
-- `concise`: the equations only, one per day (`Friday: 14 - 9 = 5`);
-- `stepwise`: one short sentence per day with the unit of the result;
-- `verbose`: the start restated, every fact restated before its equation, units in every
-  equation, and a recap before the answer.
+- `concise`: the equation only (`Monday: 14 - 9 = 5`); no opening and no recap; `\\boxed{5}`;
+- `stepwise`: a short sentence with the unit of the result (`On Monday, 14 - 9 = 5 apples.`);
+  no opening and no recap; `The answer is \\boxed{5}.`;
+- `verbose`: the fact restated before its equation, units in every equation
+  (`On Monday, Tom eats 9 apples: 14 apples - 9 = 5 apples.`); the opening `Let me restate the
+  facts. ...` and the recap `To recap: ...` are parts that exist only in this form;
+  `So the final answer is \\boxed{5}.`
 
-A model trained on the mix learns several lengths for the same problem, so shorter correct answers
-exist for RL to find: the toy analogue of an overthinking reasoning model. The day names are the
-cue a tiny model uses to find each step's operand in the question.
+A model trained on the mix learns to choose the verbosity of every line, so an answer can be
+shortened at any of its line breaks, not only at its first token: the toy analogue of an
+overthinking reasoning model, where redundant sentences and units appear mid-answer (as in the
+paper's qualitative analysis). The days always run from Monday, so a day name is a step counter that carries
+no uncertainty: the choices left to the model are the forms and the arithmetic.
 
 Splits: `toy` (in-domain: the training templates, 2-5 steps) and `toy_ood` (out-of-domain: half
 its problems use story templates never seen in training, with 2-5 steps; half use the training
@@ -26,7 +32,9 @@ templates with 6-7 steps).
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
+from typing import Sequence
 
 # Small enough for a tiny model: every value in [1, 20]; add/sub operands 2-9; mul/div by 2.
 START = (2, 15)
@@ -36,8 +44,8 @@ ID_STEPS = (2, 5)
 OOD_STEPS = (6, 7)
 
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
-STYLES = ("concise", "stepwise", "verbose")
-STYLE_WEIGHTS = {"concise": 0.2, "stepwise": 0.3, "verbose": 0.5}
+FORMS = ("concise", "stepwise", "verbose")
+FORM_WEIGHTS = {"concise": 0.2, "stepwise": 0.3, "verbose": 0.5}
 SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 
 
@@ -172,15 +180,14 @@ def _choose_step(rng: random.Random, value: int) -> tuple[str, int, int]:
 
 
 def make_problem(rng: random.Random, template: str, n_steps: int) -> Problem:
-    """One random problem of `n_steps` steps on consecutive days (from a random weekday),
-    told with the story `template`."""
+    """One random problem of `n_steps` steps on consecutive days from Monday, told with the
+    story `template`."""
     ops = TEMPLATES[template].ops
-    first_day = rng.randrange(len(DAYS))
     start = value = rng.randint(*START)
     steps = []
     for i in range(n_steps):
         op, n, after = _choose_step(rng, value)
-        day = DAYS[(first_day + i) % len(DAYS)]
+        day = DAYS[i]
         steps.append(Step(day, op, n, value, after, rng.choice(ops[op]).format(n=n)))
         value = after
     return Problem(template, start, tuple(steps))
@@ -192,31 +199,48 @@ def _equation(step: Step, unit: str = "") -> str:
     return f"{step.before}{u} {SYMBOL[step.op]} {step.operand} = {step.after}{u}"
 
 
-def solution(problem: Problem, style: str) -> str:
-    """The solution of `problem` in `style` (one of STYLES); each ends with \\boxed{answer}."""
-    p, t = problem, TEMPLATES[problem.template]
+def random_forms(rng: random.Random, n_steps: int) -> tuple[str, ...]:
+    """One form per part of a solution with `n_steps` steps (opening, each step, recap, answer),
+    drawn independently with FORM_WEIGHTS."""
+    return tuple(rng.choices(FORMS, weights=[FORM_WEIGHTS[f] for f in FORMS], k=n_steps + 3))
+
+
+def solution(problem: Problem, forms: str | Sequence[str]) -> str:
+    """The solution of `problem` with one form per part (opening, each step, recap, answer), or
+    one form (a name in FORMS) for every part. It ends with \\boxed{answer}."""
+    p, unit = problem, TEMPLATES[problem.template].unit
+    forms = (forms,) * (len(p.steps) + 3) if isinstance(forms, str) else tuple(forms)
+    if len(forms) != len(p.steps) + 3 or not set(forms) <= set(FORMS):
+        raise ValueError(f"need {len(p.steps) + 3} forms from {', '.join(FORMS)}; got {forms!r}")
+    opening, *step_forms, recap, answer = forms
+    lines = [f"Let me restate the facts. {p.start_sentence}"] if opening == "verbose" else []
+    for s, form in zip(p.steps, step_forms):
+        lines.append({
+            "concise": f"{s.day}: {_equation(s)}",
+            "stepwise": f"On {s.day}, {_equation(s)} {unit}.",
+            "verbose": f"On {s.day}, {s.clause}: {_equation(s, unit)}.",
+        }[form])
+    if recap == "verbose":
+        lines.append(f"To recap: from {p.start} to {p.answer} {unit}.")
     boxed = f"\\boxed{{{p.answer}}}"
-    if style == "concise":
-        return "\n".join([*(f"{s.day}: {_equation(s)}" for s in p.steps), boxed])
-    if style == "stepwise":
-        lines = [f"On {s.day}, {_equation(s)} {t.unit}." for s in p.steps]
-        return "\n".join([*lines, f"The answer is {boxed}."])
-    if style == "verbose":
-        lines = [f"Let me restate the facts. {p.start_sentence}"]
-        lines += [f"On {s.day}, {s.clause}: {_equation(s, t.unit)}." for s in p.steps]
-        lines.append(f"To recap: from {p.start} to {p.answer} {t.unit}.")
-        lines.append(f"So the final answer is {boxed}.")
-        return "\n".join(lines)
-    raise ValueError(f"unknown style {style!r}; known: {', '.join(STYLES)}")
+    lines.append({"concise": boxed, "stepwise": f"The answer is {boxed}.",
+                  "verbose": f"So the final answer is {boxed}."}[answer])
+    return "\n".join(lines)
 
 
-def style_of(response: str) -> str:
-    """The style a (generated) response follows, from how it opens: for length reports."""
-    if response.startswith("Let me restate"):
-        return "verbose"
-    if response.startswith("On "):
-        return "stepwise"
-    return "concise"
+_LINE_FORMS = (
+    (re.compile(r"Let me restate|To recap|So the final answer|On \w+, [^:]*: "), "verbose"),
+    (re.compile(r"On \w+, |The answer is"), "stepwise"),
+)
+
+
+def line_forms(response: str) -> list[str]:
+    """The form of each line of a (generated) response, for length reports: verbose lines restate
+    or recap, stepwise lines are sentences around a bare equation, anything else is concise."""
+    forms = []
+    for line in response.splitlines():
+        forms.append(next((form for pattern, form in _LINE_FORMS if pattern.match(line)), "concise"))
+    return forms
 
 
 def _rows(rng: random.Random, split: str, n: int, seen: set[str], with_solution: bool) -> list[dict]:
@@ -242,15 +266,15 @@ def _rows(rng: random.Random, split: str, n: int, seen: set[str], with_solution:
             "steps": n_steps,
         }
         if with_solution:
-            style = rng.choices(STYLES, weights=[STYLE_WEIGHTS[s] for s in STYLES])[0]
-            row.update(style=style, solution=solution(p, style))
+            forms = random_forms(rng, n_steps)
+            row.update(forms=list(forms), solution=solution(p, forms))
         rows.append(row)
     return rows
 
 
 def make_splits(seed: int, n_train: int, n_rl: int, n_eval: int) -> dict[str, list[dict]]:
     """All splits, with pairwise disjoint questions: {"train": SFT rows with `solution` and
-    `style`, "rl_train": RL questions, "toy": in-domain eval, "toy_ood": out-of-domain eval}.
+    `forms`, "rl_train": RL questions, "toy": in-domain eval, "toy_ood": out-of-domain eval}.
 
     The evaluation splits are drawn first, so their questions do not depend on the train sizes.
     """

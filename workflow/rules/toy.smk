@@ -32,7 +32,8 @@ if "toy" in config:
             size=TOY["size"],
         threads: 2
         resources:
-            **slurm_resources(),
+            gpu=TOY.get("gpus", 0),
+            **slurm_resources(lambda wc: TOY.get("gpus", 0) > 0),
         conda:
             CONDA_ENV
         shell:
