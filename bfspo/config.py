@@ -18,6 +18,13 @@ from bfspo.errors import BfspoError
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+# Fields that say how a run is observed, threaded or checkpointed, not what it trains: a run
+# directory resumes under a command that changes them (e.g. the same run shown by another
+# config's table, which names another W&B group).
+OBSERVATION_FIELDS = frozenset({"threads", "save_every", "log_trees", "wandb_project", "wandb_group", "wandb_mode",
+                                "run_name"})
+
+
 @dataclass
 class TrainConfig:
     """One training run: one model, one training set, one method (DAPO = k 0, BFS-PO, or an ablation)."""

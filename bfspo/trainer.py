@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from bfspo import checkpoint, dist
 from bfspo.advantages import assign_advantages, assign_rewards, keep_tree
-from bfspo.config import TrainConfig, load_config
+from bfspo.config import OBSERVATION_FIELDS, TrainConfig, load_config
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text, read_json, read_jsonl, write_json
 from bfspo.loss import policy_loss
@@ -381,18 +381,21 @@ class Trainer:
 def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> bool:
     """Create the run directory and record the config; False if the run already finished.
 
-    Resuming with a different config is an error: the checkpoint would not match the command.
+    Resuming with a different config is an error, since the checkpoint would not match the command,
+    unless only OBSERVATION_FIELDS differ (W&B group, checkpoint period, ...): then the new values
+    are recorded and the run resumes.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / "done.json").exists():
         return False
-    saved = run_dir / "config.json"
-    if saved.exists() and read_json(saved) != cfg.to_dict():
+    saved, new = run_dir / "config.json", cfg.to_dict()
+    if saved.exists():
         old = read_json(saved)
-        diff = sorted(k for k in set(old) | set(cfg.to_dict()) if old.get(k) != cfg.to_dict().get(k))
-        raise BfspoError(f"{run_dir} holds a run with a different config ({', '.join(diff)}); "
-                         "use another --output-dir or delete it")
-    write_json(saved, cfg.to_dict())
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in OBSERVATION_FIELDS)
+        if diff:
+            raise BfspoError(f"{run_dir} holds a run with a different config ({', '.join(diff)}); "
+                             "use another --output-dir or delete it")
+    write_json(saved, new)
     return True
 
 

@@ -120,6 +120,22 @@ def test_empty_dataset(tiny_model_dir, tmp_path):
     assert proc.returncode == 2 and "no training questions" in proc.stderr
 
 
+def test_a_run_resumes_when_only_how_it_is_observed_changed(tiny_model_dir, train_data, tmp_path):
+    """The same run planned by a second config names another W&B group: Snakemake reruns the job
+    (its params changed), and the run resumes from its final checkpoint without training again."""
+    out = tmp_path / "run"
+    assert run_train(tiny_model_dir, train_data, out, steps=1, wandb_group="table-a").returncode == 0
+    (out / "done.json").unlink()
+    proc = run_train(tiny_model_dir, train_data, out, steps=1, wandb_group="table-b", save_every=5)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / "done.json").read_text())["steps"] == 1
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+    assert json.loads((out / "config.json").read_text())["wandb_group"] == "table-b"
+    (out / "done.json").unlink()
+    proc = run_train(tiny_model_dir, train_data, out, steps=1, lr=1e-3)
+    assert proc.returncode == 2 and "different config (lr)" in proc.stderr
+
+
 def test_resuming_with_another_config_is_refused(tiny_model_dir, train_data, tmp_path):
     out = tmp_path / "run"
     (out).mkdir()
