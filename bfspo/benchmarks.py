@@ -44,7 +44,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("minerva_math", "math", 1024, 1, 0.0),
         Benchmark("gsm8k_train", "math", 512, 1, 0.0),
         Benchmark("math_train", "math", 1024, 1, 0.0),
-        Benchmark("toy", "math", 256, 1, 0.0),
+        Benchmark("toy", "math", 160, 1, 0.0),
         Benchmark("toy_ood", "math", 256, 1, 0.0),
     )
 }

@@ -88,11 +88,7 @@ def _stats(args: argparse.Namespace) -> int:
     from bfspo.tree_stats import format_stats, read_trees, tree_files, tree_stats
 
     for n, path in enumerate(args.paths):
-        try:
-            stats = tree_stats(read_trees(tree_files([path])))
-        except (KeyError, TypeError, IndexError, ValueError) as e:
-            raise BfspoError(f"{path}: not logged search trees ({type(e).__name__}: {e})") from None
-        print(("\n" if n else "") + format_stats(path, stats))
+        print(("\n" if n else "") + format_stats(path, tree_stats(read_trees(tree_files([path])))))
     return 0
 
 

@@ -16,7 +16,7 @@ from bfspo.errors import BfspoError
         ("minerva_math", "math", 1024, 1, 0.0),
         ("gsm8k_train", "math", 512, 1, 0.0),
         ("math_train", "math", 1024, 1, 0.0),
-        ("toy", "math", 256, 1, 0.0),
+        ("toy", "math", 160, 1, 0.0),
         ("toy_ood", "math", 256, 1, 0.0),
     ],
 )

@@ -96,14 +96,18 @@ def test_stats_of_a_hand_worked_tree(tmp_path, capsys):
     t, ids = logged_tree()
     run = tmp_path / "run"
     write_jsonl(run / "trees" / "step_00001.jsonl", [t.to_dict(decode)])
-    stats = tree_stats([t.to_dict()])
+    stats = tree_stats([t.to_dict(decode)])
+    assert stats.pop("wb_tokens") == [(" pieces", 1.0)]
     assert stats == pytest.approx({
-        "trees": 1, "filtered": 0, "branching_nodes": 2, "equal_children": 0.5,
-        "best_branch_advantage": 2 ** -0.5, "other_correct_advantage": None, "initial_accuracy": 0.5,
-        "expansion_accuracy": 1.0, "shortening": 1, "wb_relative_depth": 0.5}, abs=1e-5)
+        "trees": 1, "filtered": 0, "branching_nodes": 2, "equal_children": 0.5, "first_all_correct": 0.0,
+        "best_branch_advantage": 2 ** -0.5, "best_branch_dapo_advantage": 2 ** -0.5,  # DAPO: s in the group (s, w)
+        "other_correct_advantage": None, "initial_accuracy": 0.5, "expansion_accuracy": 1.0, "shortening": 1,
+        "wb_relative_depth": 0.5}, abs=1e-5)
+    assert tree_stats([t.to_dict()])["wb_tokens"] == []  # logged without text
     assert main(["tree", "stats", str(run)]) == 0
     out = capsys.readouterr().out
-    assert "equal_children           0.500" in out and "best_branch_advantage    0.707" in out
+    assert "equal_children              0.500" in out and "best_branch_advantage       0.707" in out
+    assert "wb_tokens                   ' pieces' 100%" in out and "trees                       1\n" in out
 
 
 def test_stats_skip_filtered_trees_and_name_bad_paths(tmp_path, capsys):
@@ -116,3 +120,6 @@ def test_stats_skip_filtered_trees_and_name_bad_paths(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["tree", "stats", str(tmp_path / "empty")]) == 2
     assert "log_trees" in capsys.readouterr().err
+    (tmp_path / "bad.jsonl").write_text('{"segments": 1}\n')
+    assert main(["tree", "stats", str(tmp_path / "bad.jsonl")]) == 2
+    assert "bad.jsonl:1: not a logged search tree" in capsys.readouterr().err

@@ -4,9 +4,11 @@
         writes DIR/train.jsonl (SFT rows: question, answer, forms, solution), DIR/rl_train.jsonl
         (RL questions), DIR/toy.jsonl and DIR/toy_ood.jsonl (evaluation splits); all questions
         are distinct across the four files.
-    bfspo toy build --train DIR/train.jsonl --out-dir MODEL_DIR [--size default|test] [overrides]
+    bfspo toy build --train DIR/train.jsonl --out-dir MODEL_DIR [--size default|test|gpu] [overrides]
         trains the tokenizer, builds the Qwen2 model and fine-tunes it; MODEL_DIR is a Hugging
         Face model directory with sft.json (config, losses, wall time), renamed into place last.
+    bfspo toy forms EVAL_DIR [EVAL_DIR ...]
+        how verbose the answers of a `bfspo evaluate` output directory are (bfspo/toy/report.py).
 """
 
 from __future__ import annotations
@@ -32,12 +34,33 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     build = sub.add_parser("build", help="train the tokenizer and the tiny model on train.jsonl")
     build.add_argument("--train", required=True, type=Path, help="train.jsonl from `bfspo toy data`")
     build.add_argument("--out-dir", required=True, type=Path)
-    build.add_argument("--size", default="default", help="default | test")
+    build.add_argument("--size", default="default", help="default | test | gpu (bfspo/toy/sft.py SIZES)")
     from bfspo.toy.sft import SFTConfig
 
     for name, field in SFTConfig.__dataclass_fields__.items():
         build.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), default=None,
                            help=f"override the size's {name}")
+
+    forms = sub.add_parser("forms", help="how verbose a toy model's answers are (from `bfspo evaluate` output)")
+    forms.add_argument("eval_dirs", nargs="+", type=Path, help="output directories of `bfspo evaluate`")
+
+
+def _run_forms(args) -> int:
+    from bfspo.toy.report import format_report, verbosity_report
+
+    for n, eval_dir in enumerate(args.eval_dirs):
+        path = eval_dir / "samples.jsonl"
+        if not path.is_file():
+            raise BfspoError(f"{eval_dir}: no samples.jsonl (an output directory of `bfspo evaluate`)")
+        rows = []
+        for lineno, row in read_jsonl(path):
+            if not isinstance(row.get("response"), str) or "correct" not in row or "num_tokens" not in row:
+                raise BfspoError(f"{path}:{lineno}: a sample needs response, correct and num_tokens")
+            rows.append(row)
+        if not rows:
+            raise BfspoError(f"{path}: no samples")
+        print(("\n" if n else "") + format_report(str(eval_dir), verbosity_report(rows)))
+    return 0
 
 
 def _run_data(args) -> int:
@@ -70,4 +93,4 @@ def _run_build(args) -> int:
 
 
 def run(args) -> int:
-    return _run_data(args) if args.toy_command == "data" else _run_build(args)
+    return {"data": _run_data, "build": _run_build, "forms": _run_forms}[args.toy_command](args)

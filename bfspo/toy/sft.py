@@ -66,7 +66,7 @@ class SFTConfig:
 
 # "default": the toy DAG's model (aims at 30-80% accuracy at temperature 1 after SFT);
 # "test": the CI config's model, trained in seconds (its accuracy is near zero);
-# "gpu": config/toy-gpu.yaml's larger model, about 4.5M parameters (not yet run: no GPU so far).
+# "gpu": config/toy-gpu.yaml's larger model, 4.9M parameters, meant for SFT on a GPU.
 SIZES = {
     "default": SFTConfig(),
     "test": SFTConfig(vocab_size=400, hidden_size=32, intermediate_size=0, layers=2, steps=150, lr=1e-2, warmup=15),
@@ -133,8 +133,7 @@ def train(model, examples: Sequence[tuple[list[int], int]], pad_id: int, cfg: SF
     import torch
     from tqdm import tqdm
 
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if cfg.device == "auto" else cfg.device)
+    device = sft_device(cfg.device)
     model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     stream = batches([len(ids) for ids, _ in examples], cfg.batch_size, random.Random(cfg.seed))
@@ -156,6 +155,19 @@ def train(model, examples: Sequence[tuple[list[int], int]], pad_id: int, cfg: SF
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     model.to("cpu").eval()
     return losses
+
+
+def sft_device(name: str):
+    """The torch device of `SFTConfig.device`: `auto` is CUDA when visible, else CPU."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda"):
+        raise BfspoError(f"toy sft: device must be auto, cpu or cuda, got {name!r}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise BfspoError("toy sft: device cuda asked for, but no CUDA GPU is visible")
+    return torch.device(name)
 
 
 def build(rows: Sequence[dict], cfg: SFTConfig, out_dir: str | Path) -> dict:
@@ -188,6 +200,7 @@ def build(rows: Sequence[dict], cfg: SFTConfig, out_dir: str | Path) -> dict:
         check_reload(tmp, examples[:50], rows[:50])
         summary = {
             "config": asdict(cfg),
+            "device": str(sft_device(cfg.device)),
             "parameters": sum(p.numel() for p in model.parameters()),
             "vocab": len(tokenizer),
             "train_rows": len(rows),

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The GPU checks that CI cannot run, in one command (issues 5, 6 and 8), for a session that has a
+# CUDA GPU for a few minutes:
+#   1. the toy task and the larger toy model (`--size gpu`, SFT on CUDA);
+#   2. one DAPO and one BFS-PO (K=3) `bfspo train` in bf16 on it, then their evaluations;
+#   3. bench/bench_packing.py and bench/bench_rollout.py at the Qwen2.5-0.5B shape.
+# Everything it reports goes to OUT (at most 6 files): env.txt, summary.md (eval summaries and
+# per-step training figures, the numbers for bench/RESULTS.md), packing.txt, rollout.txt, log.txt.
+#
+#   bash bench/gpu_session.sh OUT            # from the repository root
+#
+# It needs torch, transformers, peft, tokenizers, tqdm and pyyaml, plus math-verify,
+# latex2sympy2_extended and antlr4-python3-runtime (pure-Python wheels a bare GPU machine can be
+# given: `pip download --no-deps -d .whl math-verify==0.9.0 latex2sympy2_extended==1.11.0
+# antlr4-python3-runtime==4.13.2`, then `pip install --no-deps --target /tmp/site .whl/*.whl` and
+# PYTHONPATH=/tmp/site there). W&B is disabled, so wandb need not be installed.
+# Sizes come from the environment; the defaults fit one 10-minute call on an H100. The tests run
+# it on CPU at SIZE=test with tiny values.
+set -euo pipefail
+OUT=${1:?usage: bench/gpu_session.sh OUT_DIR}
+SIZE=${SIZE:-gpu}                 # toy model size (bfspo/toy/sft.py SIZES)
+N_TRAIN=${N_TRAIN:-50000}         # SFT rows
+N_EVAL=${N_EVAL:-500}             # questions per evaluation split
+STEPS=${STEPS:-20}                # RL steps per method
+CHAINS=${CHAINS:-256}             # chains per RL step
+MINI=${MINI:-32}                  # chains per mini-batch
+BENCH_SHAPE=${BENCH_SHAPE:-0.5b}  # bench/common.py SHAPES
+PACKING_ARGS=${PACKING_ARGS:-}    # extra arguments of bench_packing (e.g. smaller sizes on CPU)
+ROLLOUT_ARGS=${ROLLOUT_ARGS:-}    # extra arguments of bench_rollout
+WORK=${WORK:-/tmp/bfspo-gpu-session}
+
+mkdir -p "$OUT"
+rm -rf "$WORK"
+export WANDB_MODE=disabled HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+bfspo() { python3 -m bfspo.cli "$@"; }
+exec 3>>"$OUT/log.txt"
+
+{
+  date -u
+  git rev-parse HEAD 2>/dev/null || echo "commit unknown"
+  python3 - <<'EOF'
+import platform, torch, transformers, peft, tokenizers
+print("python", platform.python_version(), "| torch", torch.__version__, "| transformers", transformers.__version__,
+      "| peft", peft.__version__, "| tokenizers", tokenizers.__version__)
+print("device:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (no CUDA)")
+EOF
+} | tee "$OUT/env.txt"
+
+step() { echo "== $*" | tee /dev/fd/3; }
+step "toy data and model (size $SIZE)"
+bfspo toy data --out-dir "$WORK/data" --n-train "$N_TRAIN" --n-eval "$N_EVAL" >&3 2>&1
+bfspo toy build --train "$WORK/data/train.jsonl" --out-dir "$WORK/model" --size "$SIZE" >&3 2>&1
+
+for method in dapo:0 bfspo:3; do
+  name=${method%:*}
+  step "train $name (bf16 on CUDA when visible)"
+  bfspo train --output-dir "$WORK/runs/$name" --set model="$WORK/model" train_data="$WORK/data/rl_train.jsonl" \
+    benchmark=toy budget=160 k="${method#*:}" steps="$STEPS" train_batch_chains="$CHAINS" \
+    mini_batch_chains="$MINI" lr=1e-3 save_every=1000 >&3 2>&1
+  for bench in toy:160 toy_ood:256; do
+    b=${bench%:*}
+    step "evaluate $name on $b"
+    bfspo evaluate --model "$WORK/model" --adapter "$WORK/runs/$name/adapter" --benchmark "$b" \
+      --data "$WORK/data/$b.jsonl" --budget "${bench#*:}" --out-dir "$WORK/eval/$name/$b" >&3 2>&1
+  done
+done
+
+python3 - "$WORK" > "$OUT/summary.md" <<'EOF'
+import json, statistics, sys
+from pathlib import Path
+work = Path(sys.argv[1])
+print("| run | benchmark | accuracy | avg length | finished |\n|---|---|---|---|---|")
+for s in sorted(work.glob("eval/*/*/summary.json")):
+    d = json.loads(s.read_text())
+    print(f"| {s.parent.parent.name} | {d['benchmark']} | {d['accuracy']} | {d['avg_length']:.1f} | {d['finished_fraction']} |")
+keys = ("rollout_s", "train_s", "rollout_tok_s", "train_tok_s", "tokens_unique", "packing_gain", "peak_mem_gb")
+print("\n| run | steps | " + " | ".join(f"median {k}" for k in keys) + " |\n|---|---|" + "---|" * len(keys))
+for m in sorted(work.glob("runs/*/metrics.jsonl")):
+    rows = [json.loads(line) for line in m.read_text().splitlines()]
+    print(f"| {m.parent.name} | {len(rows)} | " + " | ".join(f"{statistics.median(r[k] for r in rows):.3g}" for k in keys) + " |")
+EOF
+cat "$OUT/summary.md"
+
+step "benchmarks at shape $BENCH_SHAPE"
+# shellcheck disable=SC2086  # *_ARGS are lists of arguments
+python3 -m bench.bench_packing --shape "$BENCH_SHAPE" $PACKING_ARGS | tee "$OUT/packing.txt"
+# shellcheck disable=SC2086
+python3 -m bench.bench_rollout --shape "$BENCH_SHAPE" $ROLLOUT_ARGS | tee "$OUT/rollout.txt"
+step "done"
