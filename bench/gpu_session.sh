@@ -32,13 +32,14 @@ WORK=${WORK:-/tmp/bfspo-gpu-session}
 mkdir -p "$OUT"
 rm -rf "$WORK"
 export WANDB_MODE=disabled HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-bfspo() { python3 -m bfspo.cli "$@"; }
+PYTHON=${PYTHON:-python3}         # the interpreter that has the packages
+bfspo() { "$PYTHON" -m bfspo.cli "$@"; }
 exec 3>>"$OUT/log.txt"
 
 {
   date -u
   git rev-parse HEAD 2>/dev/null || echo "commit unknown"
-  python3 - <<'EOF'
+  "$PYTHON" - <<'EOF'
 import platform, torch, transformers, peft, tokenizers
 print("python", platform.python_version(), "| torch", torch.__version__, "| transformers", transformers.__version__,
       "| peft", peft.__version__, "| tokenizers", tokenizers.__version__)
@@ -65,7 +66,7 @@ for method in dapo:0 bfspo:3; do
   done
 done
 
-python3 - "$WORK" > "$OUT/summary.md" <<'EOF'
+"$PYTHON" - "$WORK" > "$OUT/summary.md" <<'EOF'
 import json, statistics, sys
 from pathlib import Path
 work = Path(sys.argv[1])
@@ -83,7 +84,7 @@ cat "$OUT/summary.md"
 
 step "benchmarks at shape $BENCH_SHAPE"
 # shellcheck disable=SC2086  # *_ARGS are lists of arguments
-python3 -m bench.bench_packing --shape "$BENCH_SHAPE" $PACKING_ARGS | tee "$OUT/packing.txt"
+"$PYTHON" -m bench.bench_packing --shape "$BENCH_SHAPE" $PACKING_ARGS | tee "$OUT/packing.txt"
 # shellcheck disable=SC2086
-python3 -m bench.bench_rollout --shape "$BENCH_SHAPE" $ROLLOUT_ARGS | tee "$OUT/rollout.txt"
+"$PYTHON" -m bench.bench_rollout --shape "$BENCH_SHAPE" $ROLLOUT_ARGS | tee "$OUT/rollout.txt"
 step "done"

@@ -3,6 +3,7 @@
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ TINY = dict(SIZE="test", N_TRAIN="300", N_EVAL="8", STEPS="2", CHAINS="16", MINI
 
 @pytest.mark.slow
 def test_gpu_session_script_runs_end_to_end_on_cpu(tmp_path):
-    env = {**os.environ, **TINY, "WORK": str(tmp_path / "work"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **TINY, "WORK": str(tmp_path / "work"), "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}
     out = tmp_path / "out"
     proc = subprocess.run(["bash", "bench/gpu_session.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
