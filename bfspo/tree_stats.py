@@ -36,14 +36,14 @@ from bfspo.io import read_jsonl
 from bfspo.tree import SearchTree
 
 
-def tree_stats(trees: Iterable[dict], top_tokens: int = 5) -> dict:
-    """The statistics of the module doc over SearchTree.to_dict() records; a value is None when
-    no tree has what it averages."""
+def tree_stats(records: Iterable[tuple[dict, SearchTree]], top_tokens: int = 5) -> dict:
+    """The statistics of the module doc over logged trees, each as its SearchTree.to_dict() record
+    and the SearchTree parsed from it (`read_trees`); a value is None when no tree has what it
+    averages."""
     n_trees, filtered, equal, nodes, all_correct = 0, 0, 0, 0, 0
     best_adv, dapo_adv, other_adv, first, expanded, shortening, rel_depth = [], [], [], [], [], [], []
     wb_tokens = Counter()
-    for d in trees:
-        tree = SearchTree.from_dict(d)
+    for d, tree in records:
         if not keep_tree(tree):
             filtered += 1
             continue
@@ -59,7 +59,8 @@ def tree_stats(trees: Iterable[dict], top_tokens: int = 5) -> dict:
         rel_depth += [b["depth"] / b["path_length"] for b in tree.backtracking]
         wb_tokens.update(d["segments"][b["segment"]]["text"][-1] for b in tree.backtracking
                          if d["segments"][b["segment"]].get("text"))
-        all_correct += all(s.leaf.correct for s in initial)
+        first_correct = all(s.leaf.correct for s in initial)
+        all_correct += first_correct
         best = d.get("best")
         if best is None:
             continue
@@ -67,7 +68,7 @@ def tree_stats(trees: Iterable[dict], top_tokens: int = 5) -> dict:
         if correct_initial:
             shortening.append(min(correct_initial) - best["length"])
         best_root = tree.path(best["leaf"])[0]
-        if not segs[best_root].children or all(s.leaf.correct for s in initial):
+        if not segs[best_root].children or first_correct:
             continue
         best_adv.append(segs[best_root].advantage)
         dapo = group_advantages([s.leaf.reward for s in initial])
@@ -112,16 +113,16 @@ def tree_files(paths: Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def read_trees(files: Iterable[Path]) -> Iterator[dict]:
-    """Every logged tree of the files, in order; a line that is not a search tree is an error
-    naming its file and line."""
+def read_trees(files: Iterable[Path]) -> Iterator[tuple[dict, SearchTree]]:
+    """Every logged tree of the files, in order, as (record, SearchTree); a line that is not a
+    search tree is an error naming its file and line."""
     for f in files:
         for lineno, d in read_jsonl(f):
             try:
-                SearchTree.from_dict(d)
+                tree = SearchTree.from_dict(d)
             except (KeyError, TypeError, IndexError, ValueError) as e:
                 raise BfspoError(f"{f}:{lineno}: not a logged search tree ({type(e).__name__}: {e})") from None
-            yield d
+            yield d, tree
 
 
 def format_stats(name: str, stats: dict) -> str:

@@ -88,6 +88,11 @@ def test_tokenizer_decodes_trees_logged_without_text(tmp_path, capsys, tiny_mode
     assert "tokenizer" in capsys.readouterr().err
 
 
+def records(*dicts):
+    """What `read_trees` yields for these logged records."""
+    return [(d, SearchTree.from_dict(d)) for d in dicts]
+
+
 def test_stats_of_a_hand_worked_tree(tmp_path, capsys):
     """logged_tree(): root children b (expanded; children s and n, both correct) and w (wrong).
     R(b) = 1, R(w) = -1, so A(b) = (1 - 0) / std(1, -1) = 1 / sqrt(2); below b both children are
@@ -96,14 +101,14 @@ def test_stats_of_a_hand_worked_tree(tmp_path, capsys):
     t, ids = logged_tree()
     run = tmp_path / "run"
     write_jsonl(run / "trees" / "step_00001.jsonl", [t.to_dict(decode)])
-    stats = tree_stats([t.to_dict(decode)])
+    stats = tree_stats(records(t.to_dict(decode)))
     assert stats.pop("wb_tokens") == [(" pieces", 1.0)]
     assert stats == pytest.approx({
         "trees": 1, "filtered": 0, "branching_nodes": 2, "equal_children": 0.5, "first_all_correct": 0.0,
         "best_branch_advantage": 2 ** -0.5, "best_branch_dapo_advantage": 2 ** -0.5,  # DAPO: s in the group (s, w)
         "other_correct_advantage": None, "initial_accuracy": 0.5, "expansion_accuracy": 1.0, "shortening": 1,
         "wb_relative_depth": 0.5}, abs=1e-5)
-    assert tree_stats([t.to_dict()])["wb_tokens"] == []  # logged without text
+    assert tree_stats(records(t.to_dict()))["wb_tokens"] == []  # logged without text
     assert main(["tree", "stats", str(run)]) == 0
     out = capsys.readouterr().out
     assert "equal_children              0.500" in out and "best_branch_advantage       0.707" in out
@@ -113,8 +118,8 @@ def test_stats_of_a_hand_worked_tree(tmp_path, capsys):
 def test_stats_skip_filtered_trees_and_name_bad_paths(tmp_path, capsys):
     t, ids = logged_tree()
     t.segments[ids["w"]].leaf.correct = True  # every leaf correct: dynamic sampling drops the tree
-    assert tree_stats([t.to_dict()])["filtered"] == 1
-    assert tree_stats([t.to_dict()])["trees"] == 0
+    assert tree_stats(records(t.to_dict()))["filtered"] == 1
+    assert tree_stats(records(t.to_dict()))["trees"] == 0
     assert main(["tree", "stats", str(tmp_path / "missing")]) == 2
     assert "no such run directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
