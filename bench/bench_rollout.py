@@ -17,7 +17,7 @@ import argparse
 import torch
 
 from bench.common import device_and_dtype, print_table, random_model, timed
-from bfspo.engine import TransformersEngine
+from bfspo.rollout.hf_engine import TransformersEngine
 
 
 class NoTokenizer:

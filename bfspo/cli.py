@@ -15,14 +15,14 @@ from bfspo.errors import BfspoError
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
-    "prepare": ("bfspo.data", "normalise the raw benchmark files into one JSONL per split"),
-    "evaluate": ("bfspo.evaluate", "evaluate a model (optionally with a LoRA adapter) on one benchmark"),
-    "train": ("bfspo.trainer", "train one model with DAPO, BFS-PO or an ablation variant"),
+    "prepare": ("bfspo.tasks.prepare", "normalise the raw benchmark files into one JSONL per split"),
+    "evaluate": ("bfspo.evaluation.evaluate", "evaluate a model (optionally with a LoRA adapter) on one benchmark"),
+    "train": ("bfspo.training.trainer", "train one model with DAPO, BFS-PO or an ablation variant"),
     "toy": ("bfspo.toy.cli", "build the embedded toy task and its tiny reasoning model"),
-    "tables": ("bfspo.tables", "build the paper's tables from evaluation summaries"),
-    "figures": ("bfspo.figures", "draw the Pareto, training-curve and backtracking figures"),
-    "tree": ("bfspo.tree_show", "render logged search trees as text"),
-    "report": ("bfspo.report", "log tables and figures to a W&B report run"),
+    "tables": ("bfspo.reporting.tables", "build the paper's tables from evaluation summaries"),
+    "figures": ("bfspo.reporting.figures", "draw the Pareto, training-curve and backtracking figures"),
+    "tree": ("bfspo.reporting.tree_show", "render logged search trees as text"),
+    "report": ("bfspo.reporting.report", "log tables and figures to a W&B report run"),
 }
 
 

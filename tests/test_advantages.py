@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from bfspo.advantages import EPS, assign_advantages, assign_rewards, group_advantages, keep_tree
+from bfspo.algorithm.advantages import EPS, assign_advantages, assign_rewards, group_advantages, keep_tree
 from bfspo.errors import BfspoError
-from bfspo.tree import SearchTree
+from bfspo.algorithm.tree import SearchTree
 
 SQ2 = math.sqrt(2)
 

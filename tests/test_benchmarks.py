@@ -2,7 +2,7 @@
 
 import pytest
 
-from bfspo.benchmarks import BENCHMARKS, Benchmark, get_benchmark
+from bfspo.tasks.benchmarks import BENCHMARKS, Benchmark, get_benchmark
 from bfspo.errors import BfspoError
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bfspo.config import TrainConfig, load_config, parse_overrides
+from bfspo.training.config import TrainConfig, load_config, parse_overrides
 from bfspo.errors import BfspoError
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from bfspo.cli import main
-from bfspo.data import SPLITS
+from bfspo.tasks.prepare import SPLITS
 from bfspo.io import read_jsonl
-from bfspo.rewards import is_correct
+from bfspo.tasks.verify import is_correct
 
 RAW = Path(__file__).resolve().parents[1] / "data" / "raw"
 COUNTS = {"gsm8k_train": 7473, "math_train": 4500, "gsm8k": 1319, "math500": 500,

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from bfspo.cli import main
-from bfspo.evaluate import check_lengths
+from bfspo.evaluation.evaluate import check_lengths
 from bfspo.io import read_json, read_jsonl
-from bfspo.prompts import prompt_ids
-from bfspo.rewards import extract_answer, is_correct
+from bfspo.tasks.prompts import prompt_ids
+from bfspo.tasks.verify import extract_answer, is_correct
 
 ROWS = [
     {"id": "gsm8k-0", "question": "Tom has 3 apples. He buys 4 more apples. How many apples does he have?",

@@ -9,7 +9,7 @@ import pytest
 
 from bfspo.cli import main
 from bfspo.errors import BfspoError
-from bfspo.figures import backtracking_depths, pareto_front
+from bfspo.reporting.figures import backtracking_depths, pareto_front
 
 SPEC = {
     "name": "abl",

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from bfspo.loss import EPS_HIGH, EPS_LOW, policy_loss
+from bfspo.algorithm.loss import EPS_HIGH, EPS_LOW, policy_loss
 
 
 def case():

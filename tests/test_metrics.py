@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from bfspo.errors import BfspoError
-from bfspo.metrics import aes, aes_consistency, bootstrap_ci
+from bfspo.evaluation.metrics import aes, aes_consistency, bootstrap_ci
 
 REPORTED = Path(__file__).resolve().parents[1] / "data" / "reported_results.csv"
 

@@ -5,11 +5,11 @@ import random
 import pytest
 import torch
 
-from bfspo.advantages import assign_advantages, assign_rewards
+from bfspo.algorithm.advantages import assign_advantages, assign_rewards
 from bfspo.errors import BfspoError
-from bfspo.loss import policy_loss
-from bfspo.packing import pack_trees, packed_logprobs
-from bfspo.tree import SearchTree
+from bfspo.algorithm.loss import policy_loss
+from bfspo.algorithm.packing import pack_trees, packed_logprobs
+from bfspo.algorithm.tree import SearchTree
 
 
 @pytest.fixture
@@ -225,8 +225,8 @@ def test_trees_sampled_by_the_engine_pack_back_to_their_own_logprobs_and_entropi
     the packed entropy after each token is the tree's entropy_after (the engine's next step entropy)."""
     from transformers import AutoTokenizer
 
-    from bfspo.engine import TransformersEngine
-    from bfspo.search import build_trees
+    from bfspo.rollout.hf_engine import TransformersEngine
+    from bfspo.algorithm.search import build_trees
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = [tok("Tom has 3 apples.")["input_ids"], tok("A shop sells 12 pens")["input_ids"]]

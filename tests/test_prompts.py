@@ -3,9 +3,9 @@
 import pytest
 from transformers import AutoTokenizer
 
-from bfspo.benchmarks import BENCHMARKS
+from bfspo.tasks.benchmarks import BENCHMARKS
 from bfspo.errors import BfspoError
-from bfspo.prompts import format_choices, prompt_ids, render_prompt, user_message
+from bfspo.tasks.prompts import format_choices, prompt_ids, render_prompt, user_message
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 MMLU_INSTRUCTION = "Please reason step by step, and put the letter of the correct choice (A, B, C or D) within \\boxed{}."

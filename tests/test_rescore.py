@@ -5,9 +5,10 @@ import math
 
 import torch
 
-from bfspo.engine import Completion, TransformersEngine
+from bfspo.rollout.base import Completion
+from bfspo.rollout.hf_engine import TransformersEngine
 from bfspo.model_io import load_model
-from bfspo.rescore import RescoredEngine
+from bfspo.rollout.rescore import RescoredEngine
 
 
 class TopKOnly:

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from bfspo.errors import BfspoError
-from bfspo.rewards import (extract_answer, is_correct, last_boxed, math_equal, normalize_answer, overlong_penalty,
-                           sequence_reward)
+from bfspo.algorithm.rewards import overlong_penalty, sequence_reward
+from bfspo.tasks.verify import extract_answer, is_correct, last_boxed, math_equal, normalize_answer
 
 # Power towers that sympy would evaluate forever. Each test uses its own, because verdicts are cached.
 PATHOLOGICAL = "\\boxed{9^{9^{9^{9}}}}"

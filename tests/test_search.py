@@ -2,11 +2,11 @@
 
 import pytest
 
-from bfspo.advantages import keep_tree
-from bfspo.engine import Completion
+from bfspo.algorithm.advantages import keep_tree
+from bfspo.rollout.base import Completion
 from bfspo.errors import BfspoError
-from bfspo.search import backtracking_point, build_trees
-from bfspo.tree import SearchTree, best_leaf
+from bfspo.algorithm.search import backtracking_point, build_trees
+from bfspo.algorithm.tree import SearchTree, best_leaf
 
 EOS, ANSWER = 1, 7  # a path is correct iff it contains the right answer token
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from bfspo.cli import main
-from bfspo.tables import fmt
+from bfspo.reporting.tables import fmt
 
 REPORTED_HEADER = "table,model,train_set,benchmark,domain,method,K,ratio,acc,avg_len,aes\n"
 SPEC = {

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bfspo.cli import main
 from bfspo.io import write_jsonl
-from bfspo.prompts import prompt_ids, render_prompt
+from bfspo.tasks.prompts import prompt_ids, render_prompt
 from bfspo.toy.model import train_tokenizer
 from bfspo.errors import BfspoError
 from bfspo.toy.model import new_model, save_model_dir

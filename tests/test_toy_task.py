@@ -7,7 +7,7 @@ import pytest
 
 from bfspo.cli import main
 from bfspo.io import read_jsonl
-from bfspo.rewards import is_correct
+from bfspo.tasks.verify import is_correct
 from bfspo.toy.model import train_tokenizer
 from bfspo.toy.sft import tokenizer_corpus
 from bfspo.toy.task import (ADD_SUB, DAYS, FORM_WEIGHTS, FORMS, ID_STEPS, ID_TEMPLATES, MAX_VALUE, OOD_STEPS,

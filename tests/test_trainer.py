@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bfspo.tree import SearchTree
+from bfspo.algorithm.tree import SearchTree
 
 HELPERS = Path(__file__).parent / "helpers"
 ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -148,8 +148,8 @@ def test_resuming_with_another_config_is_refused(tiny_model_dir, train_data, tmp
 def test_two_ranks_match_one_process(tiny_model_dir, train_data, tmp_path):
     """torchrun with 2 CPU processes (gloo): both ranks end with identical LoRA weights, equal to one
     process updating on the same global batch (same trees, same mini-batches)."""
-    from bfspo.config import TrainConfig
-    from bfspo.trainer import Trainer
+    from bfspo.training.config import TrainConfig
+    from bfspo.training.trainer import Trainer
 
     torch.set_num_threads(1)
     cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(train_data), k=2, group_size=4, budget=24,
@@ -184,14 +184,14 @@ def test_two_ranks_match_one_process(tiny_model_dir, train_data, tmp_path):
     ([[], []], 32, []),
 ])
 def test_minibatch_plan(chains, size, plan):
-    from bfspo.trainer import minibatch_plan
+    from bfspo.training.trainer import minibatch_plan
 
     assert minibatch_plan(chains, size) == plan
 
 
 def test_minibatch_plan_keeps_the_paper_schedule_on_any_number_of_ranks():
     """App. C: 512 chains in mini-batches of 32 are 16 optimizer steps, on 1 rank or 8."""
-    from bfspo.trainer import minibatch_plan
+    from bfspo.training.trainer import minibatch_plan
 
     for tree_chains in (8, 32):  # DAPO groups (K=0, G=8) and BFS-PO trees (K=3, G=8)
         for world in (1, 2, 8):
@@ -204,7 +204,7 @@ def test_minibatch_plan_keeps_the_paper_schedule_on_any_number_of_ranks():
 def test_interrupted_checkpoint_swap_is_recovered(tmp_path):
     """A save that died between its renames leaves checkpoint.old/ only; it is found, and the next
     save keeps it until the new one is in place."""
-    from bfspo import checkpoint
+    from bfspo.training import checkpoint
 
     old = tmp_path / "checkpoint.old"
     old.mkdir()

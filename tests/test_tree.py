@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from bfspo.tree import SearchTree, best_leaf
+from bfspo.algorithm.tree import SearchTree, best_leaf
 
 
 def small_tree():

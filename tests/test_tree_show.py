@@ -3,11 +3,11 @@
 
 import pytest
 
-from bfspo.advantages import assign_advantages, assign_rewards
+from bfspo.algorithm.advantages import assign_advantages, assign_rewards
 from bfspo.cli import main
 from bfspo.io import write_jsonl
-from bfspo.tree import SearchTree
-from bfspo.tree_stats import tree_stats
+from bfspo.algorithm.tree import SearchTree
+from bfspo.reporting.tree_stats import tree_stats
 
 WORDS = {1: "<eos>", 2: "Let", 3: "'s", 4: " count", 5: " pieces", 6: " are", 7: " left", 8: " 4",
          9: " her", 10: " ate", 11: " 5"}

@@ -27,7 +27,7 @@ def setup(tmp_path_factory):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from bfspo.engine import make_engine
+    from bfspo.rollout import make_engine
     from bfspo.toy.model import new_model, save_model_dir, train_tokenizer
     from conftest import TINY_CORPUS
 
@@ -49,7 +49,7 @@ def setup(tmp_path_factory):
 
 
 def transformers_greedy(policy, tokenizer, contexts, budget):
-    from bfspo.engine import TransformersEngine
+    from bfspo.rollout.hf_engine import TransformersEngine
 
     return TransformersEngine(policy, tokenizer).generate(contexts, 1, budget, temperature=0)
 

@@ -97,7 +97,7 @@ def test_invalid_config_stops_naming_the_problem(tmp_path, edit, named):
 
 def test_schema_covers_the_trainer_config():
     """Every TrainConfig field is either a config key (`train`) or set per run by the workflow."""
-    from bfspo.config import TrainConfig
+    from bfspo.training.config import TrainConfig
 
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
     in_schema = set(schema["$defs"]["train"]["properties"])

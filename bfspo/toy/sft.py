@@ -2,7 +2,7 @@
 
 The tokenizer is trained on the toy corpus, a fresh Qwen2 model is sized for it, and the model is
 fully fine-tuned (float32, plain torch AdamW) on the assistant turn of each training row, with
-the prompt rendered exactly as RL and evaluation render it (`bfspo.prompts.prompt_ids`). The loss
+the prompt rendered exactly as RL and evaluation render it (`bfspo.tasks.prompts.prompt_ids`). The loss
 covers the solution tokens and the closing EOS `<|im_end|>`, nothing of the prompt.
 """
 
@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 
 from bfspo.errors import BfspoError
 from bfspo.io import write_json
-from bfspo.prompts import prompt_ids, user_message
+from bfspo.tasks.prompts import prompt_ids, user_message
 from bfspo.toy.model import DEFAULT_SYSTEM, new_model, save_model_dir, train_tokenizer
 
 BENCHMARK = "toy"

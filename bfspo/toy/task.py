@@ -8,7 +8,7 @@ each day an addition, subtraction, doubling or halving with a small operand:
 
 A solution is a sequence of *parts*: an opening restatement, one line per day, a recap, and the
 answer line. Each part independently takes one of three verbosity *forms*, and every solution ends
-in `\\boxed{N}` (so `bfspo.rewards` checks it like a MATH answer):
+in `\\boxed{N}` (so `bfspo.tasks.verify` checks it like a MATH answer):
 
 - `concise`: the equation only (`Monday: 14 - 9 = 5`); no opening and no recap; `\\boxed{5}`;
 - `stepwise`: a short sentence with the unit of the result (`On Monday, 14 - 9 = 5 apples.`);

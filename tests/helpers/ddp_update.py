@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from bfspo import dist
-from bfspo.config import TrainConfig
-from bfspo.tree import SearchTree
-from bfspo.trainer import Trainer
+from bfspo.training import dist
+from bfspo.training.config import TrainConfig
+from bfspo.algorithm.tree import SearchTree
+from bfspo.training.trainer import Trainer
 
 model, data, trees_file, out = sys.argv[1:5]
 cfg = TrainConfig(model=model, train_data=data, k=2, group_size=4, budget=24, train_batch_chains=16,

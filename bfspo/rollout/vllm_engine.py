@@ -18,7 +18,7 @@ repository's CI, which has no GPU; tests/test_vllm_engine.py runs where vLLM and
 - vLLM returns only top-k log-probs, not the full distribution, so this engine returns the
   sampled token's log-prob (raw, temperature 1, before top-p: `logprobs_mode="raw_logprobs"`) and
   NaN entropies. The trainer recomputes the old log-probs and the entropies on the training side
-  (bfspo.packing), from the full distribution, in the forward pass that computes old log-probs.
+  (bfspo.algorithm.packing), from the full distribution, in the forward pass that computes old log-probs.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bfspo.engine import Completion, check_sampling_args, eos_token_ids, per_context_budgets
+from bfspo.rollout.base import Completion, check_sampling_args, eos_token_ids, per_context_budgets
 from bfspo.errors import BfspoError
 from bfspo.model_io import check_adapter
 

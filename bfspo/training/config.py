@@ -32,7 +32,7 @@ class TrainConfig:
     model: str = field(metadata={"help": "Hub id or local path of the base model (e.g. Qwen/Qwen2.5-3B-Instruct)."})
     train_data: str = field(metadata={"help": "Prepared JSONL of training questions (rows with id, question, answer)."})
     benchmark: str = field(default="gsm8k_train", metadata={
-        "help": "Benchmark whose prompt and verifier apply to the training questions (bfspo.benchmarks)."})
+        "help": "Benchmark whose prompt and verifier apply to the training questions (bfspo.tasks.benchmarks)."})
 
     # --- the method ---------------------------------------------------------------------------
     k: int = field(default=3, metadata={"help": "Expansion iterations K of Algorithm 1; 0 is exactly DAPO."})

@@ -27,7 +27,7 @@ import math
 from typing import Callable, Sequence
 
 from bfspo.errors import BfspoError
-from bfspo.tree import SearchTree, best_leaf
+from bfspo.algorithm.tree import SearchTree, best_leaf
 
 SELECTIONS = ("bfs", "entropy")
 
@@ -90,7 +90,7 @@ def build_trees(engine, prompts: Sequence[Sequence[int]], scorers: Sequence[Scor
     """Algorithm 1 for every prompt at once: one tree per prompt, K+1 batched engine calls at most.
 
     `scorers[i](path_token_ids) -> bool` is the verifier v(o, a*) of question i, called with the
-    generated tokens of each new complete path. `engine` follows bfspo.engine.RolloutEngine.
+    generated tokens of each new complete path. `engine` follows bfspo.rollout.base.RolloutEngine.
     """
     if group_size < 1 or k < 0 or budget < 1:
         raise BfspoError(f"need group_size >= 1, k >= 0 and budget >= 1, got {group_size}, {k}, {budget}")

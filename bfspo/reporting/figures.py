@@ -28,7 +28,7 @@ import pandas as pd
 
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl
-from bfspo.tables import ZERO_SHOT, aggregate, load_reported, load_spec, load_summaries, score
+from bfspo.reporting.tables import ZERO_SHOT, aggregate, load_reported, load_spec, load_summaries, score
 
 CURVES = [("reward_mean", "reward"), ("accuracy", "accuracy"), ("len_mean", "mean length (tokens)")]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from bfspo.benchmarks import Benchmark, get_benchmark
+from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.errors import BfspoError
 
 CHOICE_LETTERS = "ABCD"

@@ -31,14 +31,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bfspo import checkpoint, dist
-from bfspo.advantages import assign_advantages, assign_rewards, keep_tree
-from bfspo.config import OBSERVATION_FIELDS, TrainConfig, load_config
+from bfspo.training import checkpoint, dist
+from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
+from bfspo.training.config import OBSERVATION_FIELDS, TrainConfig, load_config
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text, read_json, read_jsonl, write_json
-from bfspo.loss import policy_loss
-from bfspo.packing import pack_trees, packed_logprobs
-from bfspo.search import build_trees
+from bfspo.algorithm.loss import policy_loss
+from bfspo.algorithm.packing import pack_trees, packed_logprobs
+from bfspo.algorithm.search import build_trees
 
 
 @dataclass
@@ -50,8 +50,8 @@ class Question:
 
 def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None) -> list[Question]:
     """Tokenised prompts of the training set; an empty set or a prompt with no room for the budget is an error."""
-    from bfspo.benchmarks import get_benchmark
-    from bfspo.prompts import prompt_ids
+    from bfspo.tasks.benchmarks import get_benchmark
+    from bfspo.tasks.prompts import prompt_ids
 
     get_benchmark(cfg.benchmark)
     questions = []
@@ -128,7 +128,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: Path):
         from peft import LoraConfig, get_peft_model
 
-        from bfspo.engine import make_engine
+        from bfspo.rollout import make_engine
         from bfspo.model_io import default_device, load_model
 
         self.cfg, self.run_dir = cfg, run_dir
@@ -158,7 +158,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.questions = load_questions(cfg, self.tokenizer, getattr(base.config, "max_position_embeddings", None))
         if cfg.engine == "vllm":  # vLLM has top-k log-probs only: entropies come from the training side
-            from bfspo.rescore import RescoredEngine
+            from bfspo.rollout.rescore import RescoredEngine
 
             self.engine = RescoredEngine(make_engine(
                 "vllm", self.model, self.tokenizer, model_path=cfg.model, batch_size=cfg.rollout_batch_size,
@@ -183,7 +183,7 @@ class Trainer:
         return out
 
     def scorer(self, q: Question):
-        from bfspo.rewards import is_correct
+        from bfspo.tasks.verify import is_correct
 
         def score(ids: list[int]) -> bool:
             return is_correct(self.cfg.benchmark, self.tokenizer.decode(ids, skip_special_tokens=True), q.gold)
@@ -400,7 +400,7 @@ def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> bool:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML file of TrainConfig fields (see bfspo/config.py)")
+    p.add_argument("--config", help="YAML file of TrainConfig fields (see bfspo/training/config.py)")
     p.add_argument("--set", nargs="+", default=[], action="extend", metavar="KEY=VALUE",
                    help="override config fields, e.g. --set k=3 advantage=global")
     p.add_argument("--output-dir", required=True, help="run directory (resumed if it holds a checkpoint)")

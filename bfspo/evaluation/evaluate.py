@@ -17,14 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from bfspo.benchmarks import Benchmark, get_benchmark
-from bfspo.engine import Completion, RolloutEngine, make_engine
+from bfspo.tasks.benchmarks import Benchmark, get_benchmark
+from bfspo.rollout import make_engine
+from bfspo.rollout.base import Completion, RolloutEngine
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl, write_json, write_jsonl
-from bfspo.metrics import bootstrap_ci
+from bfspo.evaluation.metrics import bootstrap_ci
 from bfspo.model_io import check_adapter, load_config, load_model, load_tokenizer
-from bfspo.prompts import prompt_ids
-from bfspo.rewards import extract_answer, is_correct
+from bfspo.tasks.prompts import prompt_ids
+from bfspo.tasks.verify import extract_answer, is_correct
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

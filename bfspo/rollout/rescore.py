@@ -3,17 +3,17 @@
 Backtracking (Eq. 6-7) needs the entropy of the FULL next-token distribution after every token,
 which vLLM does not return. `RescoredEngine` wraps such an engine: after each `generate` it runs
 one no-grad, tree-packed forward of the training model over each context and its n continuations
-(the context is computed once, bfspo.packing) and replaces the log-probs and entropies with the
+(the context is computed once, bfspo.algorithm.packing) and replaces the log-probs and entropies with the
 training model's values. The first step's entropy (the distribution at the context's end) is left
-NaN: the search tree only keeps the entropy AFTER each generated token (bfspo.tree).
+NaN: the search tree only keeps the entropy AFTER each generated token (bfspo.algorithm.tree).
 """
 
 from __future__ import annotations
 
 import torch
 
-from bfspo.packing import pack_trees, packed_logprobs
-from bfspo.tree import SearchTree
+from bfspo.algorithm.packing import pack_trees, packed_logprobs
+from bfspo.algorithm.tree import SearchTree
 
 NAN = float("nan")
 

@@ -37,7 +37,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from bfspo.errors import BfspoError
-from bfspo.tree import SearchTree
+from bfspo.algorithm.tree import SearchTree
 
 LAYOUTS = ("tree", "flat")
 MASKED_ATTENTION = ("sdpa", "eager")  # implementations that apply a dense 4-D additive mask as given

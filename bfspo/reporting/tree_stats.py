@@ -2,7 +2,7 @@
 
 These are the numbers to look at when BFS-PO does not shorten answers as expected (issue 6). Over
 the logged trees (SearchTree.to_dict lines, as the trainer writes to trees/step_*.jsonl) that
-dynamic sampling kept for training (`bfspo.advantages.keep_tree`; `filtered` counts the others):
+dynamic sampling kept for training (`bfspo.algorithm.advantages.keep_tree`; `filtered` counts the others):
 
 - `equal_children`: the share of branching nodes (the root and every w^b) whose children all have
   the same reward. Then sigma = 0 and every branch of S(b) gets advantage 0 (Eq. 9), however much
@@ -30,10 +30,10 @@ from pathlib import Path
 from statistics import mean
 from typing import Iterable, Iterator
 
-from bfspo.advantages import group_advantages, keep_tree
+from bfspo.algorithm.advantages import group_advantages, keep_tree
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl
-from bfspo.tree import SearchTree
+from bfspo.algorithm.tree import SearchTree
 
 
 def tree_stats(records: Iterable[tuple[dict, SearchTree]], top_tokens: int = 5) -> dict:

@@ -1,5 +1,5 @@
 """`bfspo tree show FILE [--index N]`: render logged search trees (SearchTree.to_dict lines) as text.
-`bfspo tree stats RUN_DIR|FILE ...`: where their training signal goes (bfspo/tree_stats.py).
+`bfspo tree stats RUN_DIR|FILE ...`: where their training signal goes (bfspo/reporting/tree_stats.py).
 
 Backtracking tokens w^b are marked [[like this]], as the highlighted tokens of the paper's Fig. 5.
 The output has three parts per tree: a summary with every expansion, the path selected at each
@@ -15,7 +15,7 @@ from typing import Callable
 
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl
-from bfspo.tree import SearchTree
+from bfspo.algorithm.tree import SearchTree
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from bfspo.tree_stats import format_stats, read_trees, tree_files, tree_stats
+    from bfspo.reporting.tree_stats import format_stats, read_trees, tree_files, tree_stats
 
     for n, path in enumerate(args.paths):
         print(("\n" if n else "") + format_stats(path, tree_stats(read_trees(tree_files([path])))))

@@ -6,7 +6,7 @@
 a token-mean with no KL term. For BFS-PO the sum runs over the unique tokens of the trees in the
 (mini-)batch and N = |T| is their number (Eq. 10); for DAPO, and for the global-advantage variant,
 it runs over the tokens of the flattened chains and N = sum_i |o_i| (Eq. 2). Which entries exist is
-decided by bfspo.packing; this function only sees one value per entry.
+decided by bfspo.algorithm.packing; this function only sees one value per entry.
 """
 
 from __future__ import annotations

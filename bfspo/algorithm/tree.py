@@ -44,7 +44,7 @@ class Leaf:
     correct: bool  # v(o, a*) = 1
     length: int  # |o|: generated tokens of the whole path, EOS included
     finished: bool  # ended with EOS (False: cut by the token budget, scored as written)
-    reward: float | None = None  # Eq. 4 (set by bfspo.advantages.assign_rewards)
+    reward: float | None = None  # Eq. 4 (set by bfspo.algorithm.advantages.assign_rewards)
     advantage: float | None = None  # Eq. 1 over the tree's chains (global variant only)
 
 

@@ -1,7 +1,7 @@
 """`bfspo prepare`: normalise the raw benchmark files into one JSONL per split.
 
 Each output row is {id, question, answer, benchmark, ...source fields}, where `answer` is the
-final gold answer string that `bfspo.rewards.is_correct` compares against:
+final gold answer string that `bfspo.tasks.verify.is_correct` compares against:
   GSM8K          the number after `####`, commas removed;
   MATH, MATH-500 the `answer` field, or the last \\boxed{} of the solution where there is none;
   Minerva-Math   the last \\boxed{} of the solution;
@@ -24,8 +24,8 @@ from typing import Callable
 
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl, write_json, write_jsonl
-from bfspo.prompts import CHOICE_LETTERS, format_choices
-from bfspo.rewards import last_boxed
+from bfspo.tasks.prompts import CHOICE_LETTERS, format_choices
+from bfspo.tasks.verify import last_boxed
 
 
 class Malformed(Exception):

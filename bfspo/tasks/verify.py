@@ -1,4 +1,4 @@
-"""Answer extraction, answer checking v(o, a*), and DAPO's sequence reward (Eq. 3-4).
+"""The verifier v(o, a*): answer extraction and answer checking.
 
 Extraction follows TokenSkip (which follows the Qwen2.5-Math evaluation): the last \\boxed{} if
 there is one; otherwise the text after the last "the answer is" / "final answer is" /
@@ -23,7 +23,7 @@ from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 
-from bfspo.benchmarks import Benchmark, get_benchmark
+from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 
 VERIFY_TIMEOUT_S = 5.0  # deadline of one math-verify comparison
 WORKER_START_TIMEOUT_S = 120.0  # the child imports sympy and math-verify once
@@ -240,7 +240,7 @@ class _VerifyWorker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self._buffer = b""
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", "from bfspo.rewards import serve_verifier; serve_verifier()"],
+            [sys.executable, "-c", "from bfspo.tasks.verify import serve_verifier; serve_verifier()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
         )
         if self._read_line(time.monotonic() + WORKER_START_TIMEOUT_S) != "ready":
@@ -315,23 +315,3 @@ def serve_verifier() -> None:
             ok = False
         out.write(json.dumps(ok) + "\n")
         out.flush()
-
-
-# ---------------------------------------------------------------- reward
-
-
-def overlong_penalty(length: float, budget: int) -> float:
-    """Eq. 3, soft overlong punishment R_l(o), with L_cache = budget/5 and L_max = budget - L_cache:
-    0 up to L_max - L_cache, then linear down to -1 at L_max, and -1 beyond."""
-    l_cache = budget / 5
-    l_max = budget - l_cache
-    if length <= l_max - l_cache:
-        return 0.0
-    if length <= l_max:
-        return ((l_max - l_cache) - length) / l_cache
-    return -1.0
-
-
-def sequence_reward(correct: bool, length: float, budget: int, overlong: bool = True) -> float:
-    """Eq. 4, R_i = +-1 + R_l(o_i) (+1 when v(o_i, a*) = 1); `overlong=False` drops R_l (ablation)."""
-    return (1.0 if correct else -1.0) + (overlong_penalty(length, budget) if overlong else 0.0)

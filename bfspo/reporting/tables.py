@@ -15,7 +15,7 @@ matched to cells by the meta that the workflow passes to `bfspo evaluate`: model
 ("zero-shot" for the base model), train_set and seed.
 
 `consistency` recomputes the AES of every paper row from its own printed accuracy and length
-(`bfspo.metrics.aes_consistency`) and lists the rows whose printed AES disagrees.
+(`bfspo.evaluation.metrics.aes_consistency`) and lists the rows whose printed AES disagrees.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import pandas as pd
 
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text, read_json
-from bfspo.metrics import aes, aes_consistency
+from bfspo.evaluation.metrics import aes, aes_consistency
 
 ZERO_SHOT = "zero-shot"
 OURS, PAPER, REPORTED = "ours", "paper", "reported"

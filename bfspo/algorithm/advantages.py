@@ -1,7 +1,7 @@
 """Rewards and advantages on the search tree (Sec. 4.1, Appendix B) and the dynamic-sampling filter.
 
 * Leaf reward, Eq. 4 (with the soft overlong punishment of Eq. 3 unless `overlong=False`, the
-  w/o R_l ablation): bfspo.rewards.sequence_reward.
+  w/o R_l ablation): bfspo.algorithm.rewards.sequence_reward.
 * Internal nodes, Eq. 8: the mean of the children's rewards. Inside a segment every token has one
   child, so the whole segment carries the reward of its last token.
 * Branch advantage, Eq. 9: for every branching node b (the root and each w^b in B), every token of
@@ -25,8 +25,8 @@ import math
 from typing import Sequence
 
 from bfspo.errors import BfspoError
-from bfspo.rewards import sequence_reward
-from bfspo.tree import SearchTree
+from bfspo.algorithm.rewards import sequence_reward
+from bfspo.algorithm.tree import SearchTree
 
 EPS = 1e-6
 KINDS = ("branch", "global")

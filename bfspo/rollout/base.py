@@ -1,0 +1,65 @@
+"""What every rollout engine shares: the `Completion` record, the `RolloutEngine` protocol and the
+checks of sampling arguments.
+
+Log-probs and entropies are those of pi_old: taken from the model's raw logits at temperature 1,
+before top-p, in float32. They are the numbers the trainer needs for the importance ratio (Eq. 5)
+and for entropy-based backtracking (Sec. 3.2), whatever temperature or top-p the sampling used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from bfspo.errors import BfspoError
+
+
+@dataclass
+class Completion:
+    """One sampled continuation of a context."""
+
+    token_ids: list[int]  # generated tokens, EOS included if the model stopped
+    logprobs: list[float]  # log pi(token_t | context, tokens_<t): raw logits, temperature 1, before top-p
+    entropies: list[float]  # entropies[t]: entropy of the full distribution token t was drawn from
+    finished: bool  # True when the completion ended with EOS (not cut by the budget)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, contexts: Sequence[Sequence[int]], n: int, max_new_tokens: Sequence[int] | int, *,
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None) -> list[list[Completion]]:
+        """n completions per context (contexts are full token ids: prompt + prefix); temperature 0 = greedy."""
+
+    def sync_weights(self, model) -> None:
+        """Make the engine sample from `model`'s current weights."""
+
+
+def per_context_budgets(max_new_tokens: Sequence[int] | int, n_contexts: int) -> list[int]:
+    """One generation budget per context from an int or a per-context sequence."""
+    budgets = [max_new_tokens] * n_contexts if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(budgets) != n_contexts:
+        raise ValueError(f"max_new_tokens has {len(budgets)} entries for {n_contexts} contexts")
+    if any(not isinstance(b, int) or b < 0 for b in budgets):
+        raise ValueError(f"max_new_tokens must be non-negative integers, got {budgets}")
+    return budgets
+
+
+def check_sampling_args(contexts: Sequence[Sequence[int]], n: int, temperature: float, top_p: float) -> None:
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if any(len(c) == 0 for c in contexts):
+        raise ValueError("every context needs at least one token")
+
+
+def eos_token_ids(tokenizer, model=None) -> set[int]:
+    """The tokenizer's EOS id together with every EOS id of the model's generation config."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if config_eos is not None:
+        ids.update([config_eos] if isinstance(config_eos, int) else config_eos)
+    if not ids:
+        raise BfspoError("the tokenizer and the model's generation config define no EOS token")
+    return ids
