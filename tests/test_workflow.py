@@ -149,8 +149,11 @@ def test_paper_jobs_request_gpus_by_model_size():
                   "results/tables/gsm8k.csv", "--configfile", "config/paper.yaml")
     train = {re.search(r"wildcards: run=(\S+)", t).group(1): t for r, t in jobs(out) if r == "train"}
     big, small = train["llama3.1-8b_math_bfspo_s0"], train["qwen2.5-3b_gsm8k_dapo_s0"]
-    assert "gpu=2" in big and "tensor_parallel_size=2" in big and "budget=1024" in big and "--set k=3" in big
-    assert "gpu=1" in small and "tensor_parallel_size=1" in small and "budget=512" in small and "--set k=0" in small
+    assert "gpu=2" in big and "nodes=1" in big and "budget=1024" in big and "--set k=3" in big
+    assert "torchrun --nproc-per-node 2 --standalone -m bfspo.cli train" in big  # one rank per GPU
+    assert "gpu=1" in small and "nodes=1" in small and "budget=512" in small and "--set k=0" in small
+    assert "tensor_parallel_size=1" in big and "tensor_parallel_size=1" in small
+    assert re.search(r"^Shell command: bfspo train --output-dir ", small, re.M)  # one process
     cpu_jobs = [t for r, t in jobs(out) if r in ("prepare", "table")]
     assert len(cpu_jobs) == 2 and not any("gpu=" in t for t in cpu_jobs)
 
@@ -216,6 +219,28 @@ def test_partition_and_account_are_set_in_one_place(tmp_path):
     assert all("slurm_account=lab" in r for rule, r in by_rule.items() if rule != "all")
 
 
+def test_a_multi_node_class_launches_srun_and_torchrun_rendezvous(tmp_path):
+    def two_nodes(cfg):
+        cfg["resources"]["8b"]["nodes"] = 2
+
+    out = dry_run("-p", "results/runs/qwen2.5-7b_math_bfspo_s0/done.json",
+                  "--configfile", str(write_config(tmp_path, "config/paper.yaml", two_nodes)))
+    (train,) = [t for r, t in jobs(out) if r == "train"]
+    assert "nodes=2" in train and "gpu=2" in train
+    assert ("srun --nodes 2 --ntasks-per-node 1 torchrun --nproc-per-node 2 --nnodes 2 --rdzv-backend c10d"
+            in train) and "-m bfspo.cli train" in train
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda c: c["models"]["qwen2.5-7b"].update(tensor_parallel=2) or c["resources"]["8b"].update(gpus=4),
+     "each rank runs its own rollout engine"),
+    (lambda c: c["resources"]["3b"].update(ranks=2), "'ranks' is for CPU classes"),
+])
+def test_data_parallel_settings_that_cannot_work_are_refused(tmp_path, edit, named):
+    proc = snakemake("-n", "--nolock", "--configfile", str(write_config(tmp_path, "config/paper.yaml", edit)))
+    assert proc.returncode != 0 and named in proc.stdout + proc.stderr
+
+
 def test_seeds_multiply_the_runs_not_the_zero_shot(tmp_path):
     out = dry_run("--configfile", str(write_config(tmp_path, "config/config.yaml", lambda c: c.update(seeds=[0, 1, 2]))))
     assert job_counts(out) == TOY_DAG + Counter(train=14, evaluate=28)
@@ -224,15 +249,38 @@ def test_seeds_multiply_the_runs_not_the_zero_shot(tmp_path):
 # ---- the test config, for real -----------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_test_config_runs_end_to_end(tmp_path):
-    """config/test.yaml, the toy DAG at its smallest, from data generation to the report (2-3 min)."""
+def workflow_copy(tmp_path: Path) -> dict:
+    """The workflow, its configs and the reported results copied to tmp_path; the environment to run it."""
     for name in ("Snakefile", "workflow", "config", "environment.yml"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
     (tmp_path / "data").mkdir()
     shutil.copy(ROOT / "data/reported_results.csv", tmp_path / "data")
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="disabled")
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="disabled")
+
+
+@pytest.mark.slow
+def test_a_two_rank_class_trains_data_parallel_through_the_rule(tmp_path):
+    """A size class with 2 ranks trains under torchrun (gloo on CPU), started by the train rule."""
+    import torch
+
+    env = workflow_copy(tmp_path)
+    config = write_config(tmp_path, "config/test.yaml", lambda c: c["resources"]["cpu"].update(ranks=2))
+    run = subprocess.run([sys.executable, "-m", "snakemake", "results/runs/toy-test_toy_bfspo_s0/done.json",
+                          "--cores", "2", "--configfile", str(config)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    run_dir = tmp_path / "results/runs/toy-test_toy_bfspo_s0"
+    state = torch.load(run_dir / "checkpoint/state.pt", weights_only=False)
+    assert len(state["cursors"]) == 2  # the data cursors of both ranks
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1)) and (run_dir / "adapter").is_dir()
+
+
+@pytest.mark.slow
+def test_test_config_runs_end_to_end(tmp_path):
+    """config/test.yaml, the toy DAG at its smallest, from data generation to the report (2-3 min)."""
+    env = workflow_copy(tmp_path)
     run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config/test.yaml"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]

@@ -31,6 +31,12 @@ EVALUATION = config.get("evaluation", {})
 WANDB = config["wandb"]
 
 
+def data_parallel_ranks(res, tensor_parallel=1):
+    """Training processes per node: one per GPU (per tensor-parallel group of GPUs), each with its own
+    rollout engine; a CPU class sets `ranks` itself (gloo), 1 by default."""
+    return max(res["gpus"] // tensor_parallel, 1) if res["gpus"] else res.get("ranks", 1)
+
+
 def _check_references():
     """Names used by tables must exist, and models' size classes and GPU counts must fit."""
     errors = []
@@ -53,10 +59,17 @@ def _check_references():
                 f"models.{name}.size: unknown size class '{model['size']}' (known: {', '.join(config['resources'])})"
             )
             continue
-        gpus = config["resources"][model["size"]]["gpus"]
-        tp = model.get("tensor_parallel", 1)
+        res = config["resources"][model["size"]]
+        gpus, tp = res["gpus"], model.get("tensor_parallel", 1)
         if tp > 1 and (gpus == 0 or gpus % tp):
             errors.append(f"models.{name}.tensor_parallel: {tp} does not divide the {gpus} GPUs of class '{model['size']}'")
+        elif tp > 1 and data_parallel_ranks(res, tp) > 1:
+            errors.append(f"models.{name}.tensor_parallel: {tp} with {data_parallel_ranks(res, tp)} data-parallel ranks "
+                          "per node; each rank runs its own rollout engine, so use tensor_parallel 1 (one rank per GPU) "
+                          "or give the class exactly tensor_parallel GPUs")
+        if gpus and "ranks" in res:
+            errors.append(f"resources.{model['size']}.ranks: a GPU class runs one rank per GPU (or per "
+                          "tensor-parallel group); 'ranks' is for CPU classes")
     toy_paths = [m["path"] for m in config["models"].values()] + [
         s["data"] for s in list(config["train_sets"].values()) + list(config["benchmarks"].values())
     ]
@@ -238,10 +251,34 @@ def _gpus(run, stage):
     return res.get("eval_gpus", min(res["gpus"], 1)) if stage == "eval" else res["gpus"]
 
 
+def _ranks(run):
+    return data_parallel_ranks(size_class(run), config["models"][model_of(run)].get("tensor_parallel", 1))
+
+
+def _nodes(run, stage):
+    return size_class(run).get("nodes", 1) if stage == "train" else 1
+
+
 def _threads(run, stage):
     res = size_class(run)
     gpus = _gpus(run, stage)
-    return gpus * res.get("cpus_per_gpu", 1) if gpus else res.get("cpus", 1)
+    if gpus:
+        return gpus * res.get("cpus_per_gpu", 1)
+    return res.get("cpus", 1) * (_ranks(run) if stage == "train" else 1)
+
+
+def train_launcher(wildcards):
+    """The command that starts `bfspo train`: the plain entry point for one process; torchrun with
+    one rank per GPU on one node; srun + torchrun's c10d rendezvous across several nodes."""
+    ranks, nodes = _ranks(wildcards.run), _nodes(wildcards.run, "train")
+    if ranks * nodes == 1:
+        return "bfspo"
+    torchrun = f"torchrun --nproc-per-node {ranks}"
+    if nodes == 1:
+        return f"{torchrun} --standalone -m bfspo.cli"
+    head = "$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"
+    return (f"srun --nodes {nodes} --ntasks-per-node 1 {torchrun} --nnodes {nodes} --rdzv-backend c10d "
+            f"--rdzv-endpoint {head}:29500 --rdzv-id \"$SLURM_JOB_ID\" -m bfspo.cli")
 
 
 def _partition(gpu_job):
@@ -264,6 +301,8 @@ def job_resources(stage):
     """Resources of a train or evaluate job, scaled by its model's size class (a CPU class has gpus 0)."""
     return dict(
         gpu=lambda wc: _gpus(wc.run, stage),
+        nodes=lambda wc: _nodes(wc.run, stage),
+        tasks_per_gpu=0,  # one Slurm task per job; torchrun (or srun, across nodes) starts the ranks
         cpus_per_gpu=lambda wc: size_class(wc.run).get("cpus_per_gpu", 0) if _gpus(wc.run, stage) else 0,
         mem_mb=lambda wc: size_class(wc.run)["mem_mb"],
         runtime=lambda wc: size_class(wc.run)[f"{stage}_runtime"],

@@ -1,5 +1,8 @@
 """Training: one job per (model, train set, method, seed). The run directory persists between
-attempts (checkpoints for resume); only done.json, written last, marks a finished run."""
+attempts (checkpoints for resume); only done.json, written last, marks a finished run. A job that
+hits its time limit is retried (`retries` in the Slurm profile) and resumes from its checkpoint.
+A size class with several GPUs (or `ranks` on CPU) trains data-parallel under torchrun, across
+`nodes` nodes with srun where it asks for more than one."""
 
 
 rule train:
@@ -17,10 +20,11 @@ rule train:
     params:
         out_dir=output_dir,
         settings=train_args,
+        launcher=train_launcher,
     threads: job_threads("train")
     resources:
         **job_resources("train"),
     conda:
         CONDA_ENV
     shell:
-        "bfspo train --output-dir {params.out_dir:q} {params.settings} > {log} 2>&1"
+        "{params.launcher} train --output-dir {params.out_dir:q} {params.settings} > {log} 2>&1"
