@@ -71,7 +71,7 @@ def transformers_greedy(policy, tokenizer, contexts, budget):
 
 def training_side(policy, context, token_ids):
     """The policy's log-prob of each token of `token_ids` after `context`, and the entropy of the
-    full distribution after each token (the one that predicts the next)."""
+    full distribution each token was drawn from."""
     device = next(policy.parameters()).device
     ids = torch.tensor([list(context) + list(token_ids)], device=device)
     with torch.no_grad():
@@ -144,8 +144,8 @@ def test_rescored_entropies_are_the_training_models(setup):
     for context, group in zip(contexts, out):
         for c in group:
             logp, entropy = training_side(policy, context, c.token_ids)
-            assert math.isnan(c.entropies[0])
-            torch.testing.assert_close(torch.tensor(c.entropies[1:]), entropy[:-1].cpu(), atol=1e-4, rtol=0)
+            assert math.isnan(c.entropies[0])  # the context's last distribution: not in the tree
+            torch.testing.assert_close(torch.tensor(c.entropies[1:]), entropy[1:].cpu(), atol=1e-4, rtol=0)
             torch.testing.assert_close(torch.tensor(c.logprobs), logp.cpu(), atol=1e-4, rtol=0)
 
 
