@@ -57,7 +57,7 @@ def setup(model_dir, tmp_path_factory):
     base, tokenizer = load_model(str(model_dir))
     policy = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
                                              init_lora_weights=False)).eval()
-    engine = make_engine("vllm", policy, tokenizer, max_model_len=512, batch_size=64,
+    engine = make_engine("vllm", policy, tokenizer, max_model_len=512,
                          work_dir=str(tmp_path_factory.mktemp("vllm_lora")))
     contexts = [tokenizer(t)["input_ids"] for t in TEXTS]
     return engine, policy, tokenizer, contexts
@@ -110,9 +110,12 @@ def test_greedy_with_n_above_one_repeats_the_transformers_answer(setup):
 
 
 def test_seeded_groups_of_g_for_many_contexts(setup):
-    """32 contexts x G = 8 with a seed: whole groups, within budget, and the same again with the same seed."""
+    """32 contexts x G = 8 with a seed: whole groups, within budget, and the same again with the same seed.
+    Their prompts hold more tokens than one engine step takes (4096 by default on CPU), which
+    with chunked prefill on CPU killed the engine ("CPU Generator does not use offset")."""
     engine, _, _, contexts = setup
-    many = [contexts[i % 2] + [7 + i] for i in range(32)]
+    many = [[7 + i] + (contexts[0] + contexts[1]) * 6 for i in range(32)]
+    assert 32 * len(many[0]) > 4096 and len(many[0]) + 12 <= 512
     budgets = [0] + [12] * 31
     first = engine.generate(many, 8, budgets, seed=5)
     assert len(first) == 32 and all(len(group) == 8 for group in first)
