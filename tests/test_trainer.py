@@ -56,6 +56,9 @@ def test_train_writes_a_complete_run(tiny_model_dir, train_data, tmp_path):
                 "backtrack_depth_mean", "entropy_mean", "rollout_tok_s", "train_tok_s", "peak_mem_gb", "nonfinite"):
         assert key in rows[0], key
     assert all(r["tokens_total"] >= r["tokens_unique"] for r in rows)
+    for r in rows:  # issue 14: the batch statistics of every step
+        assert r["questions_generated"] >= r["questions_kept"] >= r["trees"] and r["chains_target"] == 16
+        assert 1 <= r["gen_rounds"] <= 10 and r["batch_full"] == float(r["chains"] >= 16)
     trees = [SearchTree.from_dict(json.loads(line)) for line in (out / "trees" / "step_00001.jsonl").read_text().splitlines()]
     assert trees and all(len(t.segments[i].token_ids) > 0 for t in trees for i in t.leaves())
     assert all(t.n_tokens <= t.n_chain_tokens for t in trees)
