@@ -10,7 +10,7 @@ Source column:
   paper     the paper's printed number for the row above it (reported_results.csv);
   reported  rows the paper took from other work (SFT, TokenSkip, Tree of Thoughts), never run here.
 With --runs-dir, the Markdown notes name every training run of the table whose batches came out
-short (`batch_full` false in its metrics.jsonl: dynamic sampling ran out of rounds), with how many
+short (`batch_full` 0 or false in its metrics.jsonl: dynamic sampling ran out of rounds), with how many
 steps and the fewest chains. The spec (JSON text or a file; the workflow writes it, see workflow/rules/common.smk `table_spec`)
 names the table's layout, models, methods and columns (train set -> benchmark). Summaries are
 matched to cells by the meta that the workflow passes to `bfspo evaluate`: model, method
@@ -281,7 +281,7 @@ def write_table(spec: dict, df: pd.DataFrame, out_dir: str | Path, notes: list[s
 
 
 def short_batch_notes(runs_dir: str | Path, runs: list[str]) -> list[str]:
-    """One note per training run whose metrics.jsonl logs a short batch (`batch_full` false)."""
+    """One note per training run whose metrics.jsonl logs a short batch (`batch_full` 0 or false)."""
     notes = []
     for run in runs:
         path = Path(runs_dir) / run / "metrics.jsonl"

@@ -69,7 +69,7 @@ class TrainConfig:
                 "chains need (verl's DAPO recipe generates for 3x its training prompts)."})
     max_gen_rounds: int = field(default=10, metadata={
         "help": "Dynamic sampling: most generation rounds spent filling one batch (verl's DAPO recipe: 10); a batch "
-                "still short after them is trained as it is and logged with batch_full false."})
+                "still short after them is trained as it is and logged with batch_full 0."})
     max_empty_steps: int = field(default=5, metadata={
         "help": "Stop with an error after this many consecutive batches in which every tree was filtered out."})
     lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate (constant, no schedule)."})
