@@ -160,3 +160,13 @@ def test_advantages_need_rewards_and_a_known_kind():
     assign_rewards(t)
     with pytest.raises(BfspoError, match="advantage"):
         assign_advantages(t, "local")
+
+
+def test_overlong_reward_in_dapos_window():
+    # budget 10, DAPO's window: L_cache = 2, L_max = 10; R_l = 0 up to 8 tokens, so c3 (7 tokens,
+    # -0.5 in the paper's window) is not punished
+    t, n = two_level_tree(budget=10)
+    assign_rewards(t, overlong=True, window="dapo")
+    leaf = {k: t.segments[n[k]].leaf.reward for k in ("a", "b", "c2", "c3", "d2")}
+    assert leaf == pytest.approx({"a": -1.0, "b": 1.0, "c2": -1.0, "c3": 1.0, "d2": -1.0})
+    assert t.segments[n["wb2"]].reward == pytest.approx(0.0)

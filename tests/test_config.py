@@ -9,8 +9,19 @@ from bfspo.errors import BfspoError
 def test_paper_defaults():
     cfg = TrainConfig(model="m", train_data="d")
     assert (cfg.k, cfg.group_size, cfg.lora_r, cfg.lora_alpha, cfg.lr, cfg.weight_decay) == (3, 8, 8, 16, 1e-6, 0.01)
-    assert (cfg.eps_low, cfg.eps_high, cfg.train_batch_chains, cfg.mini_batch_chains) == (0.2, 0.28, 512, 32)
+    assert (cfg.eps_low, cfg.eps_high, cfg.train_batch, cfg.mini_batch) == (0.2, 0.28, 512, 32)
+    assert (cfg.batch_unit, cfg.train_batch_chains, cfg.mini_batch_chains) == ("chains", 512, 32)
+    assert (cfg.oversample, cfg.max_gen_rounds, cfg.overlong_window) == (3.0, 10, "paper")
     assert cfg.method == "bfspo"
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_prompt_batches_count_g_chains_per_prompt(k):
+    # DAPO's recipe: 512 prompts of G = 16 answers in mini-batches of 32 prompts; BFS-PO fills the
+    # same 8192 chains with trees of G (K + 1) chains each (Sec. 4.2)
+    cfg = TrainConfig(model="m", train_data="d", k=k, group_size=16, batch_unit="prompts")
+    assert (cfg.train_batch_chains, cfg.mini_batch_chains) == (512 * 16, 32 * 16)
+    assert cfg.train_batch_chains // cfg.mini_batch_chains == 16
 
 
 @pytest.mark.parametrize("overrides, method", [
@@ -38,8 +49,14 @@ def test_overrides_are_yaml_scalars(tmp_path):
     (["model=m", "train_data=d", "advantage=local"], "advantage must be one of"),
     (["model=m", "train_data=d", "k=-1"], "k must be an integer >= 0"),
     (["model=m", "train_data=d", "budget=0"], "budget must be a positive integer"),
-    (["model=m", "train_data=d", "train_batch_chains=48", "mini_batch_chains=32"], "must be a multiple"),
+    (["model=m", "train_data=d", "train_batch=48", "mini_batch=32"], "must be a multiple"),
     (["model=m", "train_data=d", "lr=fast"], "lr must be a number"),
+    (["model=m", "train_data=d", "batch_unit=tokens"], "batch_unit must be one of"),
+    (["model=m", "train_data=d", "overlong_window=verl"], "overlong_window must be one of"),
+    (["model=m", "train_data=d", "oversample=0.5"], "oversample must be a number >= 1"),
+    (["model=m", "train_data=d", "oversample=many"], "oversample must be a number"),
+    (["model=m", "train_data=d", "max_gen_rounds=0"], "max_gen_rounds must be a positive integer"),
+    (["model=m", "train_data=d", "max_gen_rounds=65"], "max_gen_rounds must be at most 64"),
     (["model=m", "train_data=d", "overlong=maybe"], "overlong must be true or false"),
     (["model"], "not of the form key=value"),
 ])

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from bfspo.errors import BfspoError
-from bfspo.algorithm.rewards import overlong_penalty, sequence_reward
+from bfspo.algorithm.rewards import overlong_penalty, overlong_window, sequence_reward
 from bfspo.tasks.verify import extract_answer, is_correct, last_boxed, math_equal, normalize_answer
 
 # Power towers that sympy would evaluate forever. Each test uses its own, because verdicts are cached.
@@ -307,3 +307,34 @@ def test_overlong_penalty_is_continuous_and_non_increasing():
 )
 def test_sequence_reward_eq4(correct, length, overlong, reward):
     assert sequence_reward(correct, length, 512, overlong=overlong) == pytest.approx(reward)
+
+
+@pytest.mark.parametrize(
+    "length, penalty",
+    [
+        (307.2, 0.0),  # where the paper's window starts: DAPO's does not punish yet
+        (409.6, 0.0),  # L_max - L_cache = 512 - 102.4: the last length without penalty
+        (409.6 + 10.24, -0.1),
+        (460.8, -0.5),
+        (486.4, -0.75),
+        (512, -1.0),  # L_max = the budget
+        (513, -1.0),
+    ],
+)
+def test_dapo_window_at_budget_512(length, penalty):
+    assert overlong_penalty(length, 512, window="dapo") == pytest.approx(penalty, abs=1e-12)
+
+
+def test_the_two_windows_at_the_toy_budget():
+    # budget 160: L_cache = 32; paper L_max = 128 -> ramp (96, 128]; dapo L_max = 160 -> ramp (128, 160]
+    assert overlong_window(160, "paper") == (128.0, 32.0)
+    assert overlong_window(160, "dapo") == (160.0, 32.0)
+    assert [overlong_penalty(x, 160) for x in (96, 112, 128, 144, 160)] == [0.0, -0.5, -1.0, -1.0, -1.0]
+    assert [overlong_penalty(x, 160, "dapo") for x in (96, 112, 128, 144, 160)] == [0.0, 0.0, 0.0, -0.5, -1.0]
+    assert sequence_reward(True, 144, 160, window="paper") == 0.0
+    assert sequence_reward(True, 144, 160, window="dapo") == 0.5
+
+
+def test_unknown_window_is_an_error():
+    with pytest.raises(BfspoError, match="overlong window must be one of"):
+        overlong_penalty(100, 512, window="verl")

@@ -177,3 +177,21 @@ def test_consistency_report_lists_only_disagreeing_rows(tmp_path):
     assert dict(zip(checked.method, checked.consistent)) == {"dapo": True, "bfspo": False}
     md = (tmp_path / "aes_consistency.md").read_text()
     assert "1 of 2 rows" in md and "| bfspo" in md and "| dapo" not in md
+
+
+def test_notes_name_the_runs_whose_batches_came_out_short(tmp_path, runs):
+    def metrics(run, rows):
+        path = tmp_path / "runs" / run / "metrics.jsonl"
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(json.dumps(dict(step=i + 1, chains=c, chains_target=64, batch_full=f)) + "\n"
+                                for i, (c, f) in enumerate(rows)))
+
+    metrics("m_ts_dapo_s0", [(64, True), (56, False), (64, True), (48, False)])
+    metrics("m_ts_dapo_s1", [(64, True), (64, True)])
+    args = ["tables", "build", "--spec", json.dumps(SPEC), "--summaries", *runs, "--out-dir", str(tmp_path / "out")]
+    assert main(args + ["--runs-dir", str(tmp_path / "runs")]) == 0
+    md = (tmp_path / "out" / "abl.md").read_text()
+    assert "Short batches: m_ts_dapo_s0: 2 of 4 steps trained on a short batch (fewest: 48 of 64 chains, step 4)." in md
+    assert "m_ts_dapo_s1" not in md and "m_ts_glob_s0" not in md  # full batches; no metrics
+    assert main(args) == 0
+    assert "Short batches" not in (tmp_path / "out" / "abl.md").read_text()

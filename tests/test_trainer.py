@@ -30,7 +30,7 @@ def train_data(tmp_path_factory):
 
 def train_args(model_dir, data, out, **overrides):
     values = dict(model=model_dir, train_data=data, benchmark="gsm8k_train", k=2, group_size=4, budget=24, steps=2,
-                  train_batch_chains=16, mini_batch_chains=8, lr=1e-2, save_every=1, max_empty_steps=50, threads=1)
+                  train_batch=16, mini_batch=8, lr=1e-2, save_every=1, max_empty_steps=50, threads=1)
     values.update(overrides)
     return [sys.executable, "-m", "bfspo.cli", "train", "--output-dir", str(out),
             "--set", *[f"{k}={v}" for k, v in values.items()]]
@@ -56,6 +56,9 @@ def test_train_writes_a_complete_run(tiny_model_dir, train_data, tmp_path):
                 "backtrack_depth_mean", "entropy_mean", "rollout_tok_s", "train_tok_s", "peak_mem_gb", "nonfinite"):
         assert key in rows[0], key
     assert all(r["tokens_total"] >= r["tokens_unique"] for r in rows)
+    for r in rows:  # issue 14: the batch statistics of every step
+        assert r["questions_generated"] >= r["questions_kept"] >= r["trees"] and r["chains_target"] == 16
+        assert 1 <= r["gen_rounds"] <= 10 and r["batch_full"] == float(r["chains"] >= 16)
     trees = [SearchTree.from_dict(json.loads(line)) for line in (out / "trees" / "step_00001.jsonl").read_text().splitlines()]
     assert trees and all(len(t.segments[i].token_ids) > 0 for t in trees for i in t.leaves())
     assert all(t.n_tokens <= t.n_chain_tokens for t in trees)
@@ -153,7 +156,7 @@ def test_two_ranks_match_one_process(tiny_model_dir, train_data, tmp_path):
 
     torch.set_num_threads(1)
     cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(train_data), k=2, group_size=4, budget=24,
-                      selection="entropy", train_batch_chains=16, mini_batch_chains=8, threads=1)
+                      selection="entropy", train_batch=16, mini_batch=8, threads=1)
     _, generated, _ = Trainer(cfg, tmp_path / "rollout").rollout()
     trees = [t for t in generated if len(t.leaves()) == 12][:4]
     assert len(trees) == 4 and any(s.advantage for t in trees for s in t.segments)
@@ -184,14 +187,14 @@ def test_two_ranks_match_one_process(tiny_model_dir, train_data, tmp_path):
     ([[], []], 32, []),
 ])
 def test_minibatch_plan(chains, size, plan):
-    from bfspo.training.trainer import minibatch_plan
+    from bfspo.training.batching import minibatch_plan
 
     assert minibatch_plan(chains, size) == plan
 
 
 def test_minibatch_plan_keeps_the_paper_schedule_on_any_number_of_ranks():
     """App. C: 512 chains in mini-batches of 32 are 16 optimizer steps, on 1 rank or 8."""
-    from bfspo.training.trainer import minibatch_plan
+    from bfspo.training.batching import minibatch_plan
 
     for tree_chains in (8, 32):  # DAPO groups (K=0, G=8) and BFS-PO trees (K=3, G=8)
         for world in (1, 2, 8):

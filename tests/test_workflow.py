@@ -85,9 +85,11 @@ def test_lint_is_clean(configfile):
         (lambda c: c.update(seeds=[]), "seeds"),
         (lambda c: c["tables"]["toy-ablation"]["methods"].append("bfspo-k9"), "unknown method 'bfspo-k9'"),
         (lambda c: c["models"]["toy"].update(size="huge"), "unknown size class 'huge'"),
+        (lambda c: c["train"].update(batch_unit="tokens"), "'tokens'"),
+        (lambda c: c["train"].update(overlong_window="verl"), "'verl'"),
     ],
     ids=["unknown-key", "unknown-nested-key", "per-run-key-in-train", "bad-enum", "bad-mode", "no-seeds",
-         "unknown-method", "unknown-size"],
+         "unknown-method", "unknown-size", "bad-batch-unit", "bad-overlong-window"],
 )
 def test_invalid_config_stops_naming_the_problem(tmp_path, edit, named):
     proc = snakemake("-n", "--nolock", "--configfile", str(write_config(tmp_path, "config/config.yaml", edit)))
@@ -154,6 +156,10 @@ def test_paper_jobs_request_gpus_by_model_size():
     assert "gpu=1" in small and "nodes=1" in small and "budget=512" in small and "--set k=0" in small
     assert "tensor_parallel_size=1" in big and "tensor_parallel_size=1" in small
     assert re.search(r"^Shell command: bfspo train --output-dir ", small, re.M)  # one process
+    for run in (big, small):  # DAPO's recipe: 512 prompts of 16 answers, 3x oversampled, up to 10 rounds
+        for setting in ("batch_unit=prompts", "group_size=16", "train_batch=512", "mini_batch=32", "oversample=3.0",
+                        "max_gen_rounds=10", "overlong_window=paper"):
+            assert f"--set {setting}" in run, setting
     cpu_jobs = [t for r, t in jobs(out) if r in ("prepare", "table")]
     assert len(cpu_jobs) == 2 and not any("gpu=" in t for t in cpu_jobs)
 
@@ -203,6 +209,18 @@ def test_an_ablation_is_a_few_config_lines(tmp_path):
     out = dry_run("-p", "--configfile", str(write_config(tmp_path, "config/config.yaml", add_k5)))
     assert job_counts(out) == TOY_DAG + Counter(train=1, evaluate=2)
     assert "--set k=5" in out and "--output-dir results/runs/toy_toy_bfspo-k5_s0" in out
+
+
+def test_dapos_overlong_window_is_a_method_setting(tmp_path):
+    def add(cfg):
+        cfg["methods"]["bfspo-dapo-window"] = {"label": "BFS-PO", "paper": "bfspo", "k": 3,
+                                               "train": {"overlong_window": "dapo"}}
+        cfg["tables"]["toy-ablation"]["methods"].append("bfspo-dapo-window")
+
+    out = dry_run("-p", "--configfile", str(write_config(tmp_path, "config/config.yaml", add)))
+    train = {re.search(r"wildcards: run=(\S+)", t).group(1): t for r, t in jobs(out) if r == "train"}
+    assert "--set overlong_window=dapo" in train["toy_toy_bfspo-dapo-window_s0"]
+    assert "overlong_window" not in train["toy_toy_bfspo_s0"]
 
 
 def test_partition_and_account_are_set_in_one_place(tmp_path):

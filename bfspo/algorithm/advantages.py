@@ -42,15 +42,17 @@ def group_advantages(rewards: Sequence[float], eps: float = EPS) -> list[float]:
     return [(r - mean) / (std + eps) for r in rewards]
 
 
-def assign_rewards(tree: SearchTree, overlong: bool = True) -> None:
+def assign_rewards(tree: SearchTree, overlong: bool = True, window: str = "paper") -> None:
     """Eq. 4 on every leaf, then Eq. 8 bottom-up on every segment and at the root (in place).
 
-    The overlong punishment uses the tree's budget (Eq. 3 with L_cache = budget / 5).
+    The overlong punishment uses the tree's budget (Eq. 3 with L_cache = budget / 5) and the
+    window's L_max (bfspo.algorithm.rewards.overlong_window).
     """
     for seg_id in reversed(tree.dfs()):  # children before parents
         seg = tree.segments[seg_id]
         if seg.leaf is not None:
-            seg.leaf.reward = float(sequence_reward(seg.leaf.correct, seg.leaf.length, tree.budget, overlong))
+            seg.leaf.reward = float(sequence_reward(seg.leaf.correct, seg.leaf.length, tree.budget,
+                                                    overlong, window))
             seg.reward = seg.leaf.reward
         else:
             seg.reward = math.fsum(tree.segments[c].reward for c in seg.children) / len(seg.children)

@@ -1,6 +1,6 @@
 """`bfspo tables`: the paper's tables, built from evaluation summaries, beside the paper's own rows.
 
-    bfspo tables build --spec JSON --summaries S.json ... [--reported CSV] --out-dir DIR
+    bfspo tables build --spec JSON --summaries S.json ... [--reported CSV] [--runs-dir DIR] --out-dir DIR
     bfspo tables consistency --reported CSV --out-dir DIR
 
 `build` writes DIR/<name>.csv, .md and .tex (booktabs), in the paper's column order plus a
@@ -9,7 +9,9 @@ Source column:
             model and benchmark, per seed;
   paper     the paper's printed number for the row above it (reported_results.csv);
   reported  rows the paper took from other work (SFT, TokenSkip, Tree of Thoughts), never run here.
-The spec (JSON text or a file; the workflow writes it, see workflow/rules/common.smk `table_spec`)
+With --runs-dir, the Markdown notes name every training run of the table whose batches came out
+short (`batch_full` 0 or false in its metrics.jsonl: dynamic sampling ran out of rounds), with how many
+steps and the fewest chains. The spec (JSON text or a file; the workflow writes it, see workflow/rules/common.smk `table_spec`)
 names the table's layout, models, methods and columns (train set -> benchmark). Summaries are
 matched to cells by the meta that the workflow passes to `bfspo evaluate`: model, method
 ("zero-shot" for the base model), train_set and seed.
@@ -29,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from bfspo.errors import BfspoError
-from bfspo.io import atomic_write_text, read_json
+from bfspo.io import atomic_write_text, read_json, read_jsonl
 from bfspo.evaluation.metrics import aes, aes_consistency
 
 ZERO_SHOT = "zero-shot"
@@ -264,14 +266,34 @@ def to_latex(df: pd.DataFrame, spec: dict) -> str:
     )
 
 
-def write_table(spec: dict, df: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+def write_table(spec: dict, df: pd.DataFrame, out_dir: str | Path, notes: list[str] = ()) -> list[Path]:
     out = Path(out_dir)
     paths = [out / f"{spec['name']}.{ext}" for ext in ("csv", "md", "tex")]
     flat = _flat(df)
     atomic_write_text(paths[0], flat.to_csv(index=False))
-    atomic_write_text(paths[1], f"## {spec['title']}\n\n{flat.to_markdown(index=False, disable_numparse=True)}\n\n{LEGEND}\n")
+    short = "".join(f"\nShort batches: {note}\n" for note in notes)
+    atomic_write_text(paths[1], f"## {spec['title']}\n\n{flat.to_markdown(index=False, disable_numparse=True)}\n\n{LEGEND}\n{short}")
     atomic_write_text(paths[2], to_latex(df, spec))
     return paths
+
+
+# ---- training notes ----------------------------------------------------------------------------
+
+
+def short_batch_notes(runs_dir: str | Path, runs: list[str]) -> list[str]:
+    """One note per training run whose metrics.jsonl logs a short batch (`batch_full` 0 or false)."""
+    notes = []
+    for run in runs:
+        path = Path(runs_dir) / run / "metrics.jsonl"
+        if not path.is_file():
+            continue
+        rows = [r for _, r in read_jsonl(path, skipped=[]) if "batch_full" in r]
+        short = [r for r in rows if not r["batch_full"]]
+        if short:
+            worst = min(short, key=lambda r: r["chains"])
+            notes.append(f"{run}: {len(short)} of {len(rows)} steps trained on a short batch (fewest: "
+                         f"{worst['chains']:.0f} of {worst['chains_target']:.0f} chains, step {worst['step']}).")
+    return notes
 
 
 # ---- the consistency report -------------------------------------------------------------------
@@ -307,6 +329,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--spec", required=True, help="the table spec: JSON text or a JSON file")
     b.add_argument("--summaries", nargs="+", default=[], help="evaluation summary.json files")
     b.add_argument("--reported", help="the paper's numbers (data/reported_results.csv)")
+    b.add_argument("--runs-dir", help="training run directories: notes name the runs whose batches came out short")
     b.add_argument("--out-dir", required=True)
     c = sub.add_parser("consistency", help="paper rows whose printed AES disagrees with its formula")
     c.add_argument("--reported", required=True)
@@ -320,7 +343,10 @@ def run(args) -> int:
         print(f"{len(bad)} paper rows with an inconsistent AES -> {Path(args.out_dir) / 'aes_consistency.md'}")
         return 0
     spec = load_spec(args.spec)
-    df = build_table(spec, load_summaries(args.summaries), reported)
-    for path in write_table(spec, df, args.out_dir):
+    summaries = load_summaries(args.summaries)
+    df = build_table(spec, summaries, reported)
+    runs = sorted(set(summaries.loc[summaries.method != ZERO_SHOT, "run"]) - {""})
+    notes = short_batch_notes(args.runs_dir, runs) if args.runs_dir else []
+    for path in write_table(spec, df, args.out_dir, notes):
         print(path)
     return 0

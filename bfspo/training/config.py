@@ -1,8 +1,11 @@
 """`TrainConfig`: every value of a `bfspo train` run, with its default and meaning.
 
 Defaults follow the paper (Appendix C, App. A): LoRA r=8, alpha=16; AdamW lr 1e-6, weight decay
-0.01, no schedule; a training batch of 512 chains in mini-batches of 32 (16 optimizer steps per
-batch); eps_low 0.2, eps_high 0.28; G = 8 is DAPO's group size; K = 3 expansions.
+0.01, no schedule; a training batch of 512 in mini-batches of 32 (16 optimizer steps per batch),
+counted in chains unless `batch_unit: prompts` (config/README.md says which reading paper.yaml
+takes and why); eps_low 0.2, eps_high 0.28; K = 3 expansions. The paper never states G: the
+default G = 8 is ours (DAPO's recipe uses 16 answers per prompt). Dynamic sampling fills every
+batch as verl's DAPO recipe does: 3x the questions needed, up to 10 generation rounds.
 A config is a YAML mapping of these fields; `key=value` overrides are parsed as YAML scalars.
 """
 
@@ -43,20 +46,30 @@ class TrainConfig:
         "help": "'branch': Eq. 9 branch advantage; 'global': Eq. 1 over all chains of the tree (ablation)."})
     overlong: bool = field(default=True, metadata={
         "help": "Add DAPO's soft overlong punishment (Eq. 3) to the reward; false is the w/o R_l ablation."})
+    overlong_window: str = field(default="paper", metadata={
+        "help": "Where Eq. 3's penalty ramps (L_cache = budget/5): 'paper' is App. D's L_max = budget - L_cache, "
+                "from 0 at 0.6*budget to -1 at 0.8*budget; 'dapo' is DAPO's/verl's L_max = budget, over "
+                "(0.8*budget, budget] (bfspo/algorithm/rewards.py)."})
     budget: int = field(default=512, metadata={
-        "help": "L_budget: most generated tokens per path. The penalty starts at 0.6*budget and reaches -1 at "
-                "0.8*budget (L_cache = budget/5, L_max = budget - L_cache, Eq. 3 as written)."})
+        "help": "L_budget: most generated tokens per path (and the scale of the overlong window)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the rollouts."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold of the rollouts."})
 
     # --- batches and optimisation ---------------------------------------------------------------
     steps: int = field(default=100, metadata={"help": "Training batches (rollout + update rounds) to run."})
-    train_batch_chains: int = field(default=512, metadata={
-        "help": "Complete chains per training batch; BFS-PO fills it with whole trees (Sec. 4.2)."})
-    mini_batch_chains: int = field(default=32, metadata={
-        "help": "Chains per optimizer step; train_batch_chains / mini_batch_chains steps per batch."})
-    max_gen_rounds: int = field(default=3, metadata={
-        "help": "Dynamic sampling: most generation rounds spent filling one batch with informative trees."})
+    batch_unit: str = field(default="chains", metadata={
+        "help": "What train_batch and mini_batch count: 'chains' (complete chains) or 'prompts' (DAPO's recipe: "
+                "prompts of G answers each, so a batch holds train_batch * G chains). Either way BFS-PO fills a "
+                "batch with that many chains through several whole trees (Sec. 4.2)."})
+    train_batch: int = field(default=512, metadata={
+        "help": "Training batch size in batch_unit; train_batch / mini_batch optimizer steps per batch."})
+    mini_batch: int = field(default=32, metadata={"help": "Mini-batch size (one optimizer step) in batch_unit."})
+    oversample: float = field(default=3.0, metadata={
+        "help": "Dynamic sampling: each generation round asks for this many times the questions the missing "
+                "chains need (verl's DAPO recipe generates for 3x its training prompts)."})
+    max_gen_rounds: int = field(default=10, metadata={
+        "help": "Dynamic sampling: most generation rounds spent filling one batch (verl's DAPO recipe: 10); a batch "
+                "still short after them is trained as it is and logged with batch_full 0."})
     max_empty_steps: int = field(default=5, metadata={
         "help": "Stop with an error after this many consecutive batches in which every tree was filtered out."})
     lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate (constant, no schedule)."})
@@ -96,11 +109,12 @@ class TrainConfig:
 
     def __post_init__(self):
         choices = {"selection": ("bfs", "entropy"), "advantage": ("branch", "global"),
-                   "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled")}
+                   "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled"),
+                   "batch_unit": ("chains", "prompts"), "overlong_window": ("paper", "dapo")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise BfspoError(f"config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
-        positive = ["group_size", "budget", "steps", "train_batch_chains", "mini_batch_chains", "max_gen_rounds",
+        positive = ["group_size", "budget", "steps", "train_batch", "mini_batch", "max_gen_rounds",
                     "max_empty_steps", "lora_r", "rollout_batch_size", "tensor_parallel_size", "save_every"]
         for name in positive:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
@@ -109,11 +123,32 @@ class TrainConfig:
             raise BfspoError(f"config: k must be an integer >= 0, got {self.k!r}")
         if self.budget < 5:
             raise BfspoError(f"config: budget must be at least 5 tokens (L_cache = budget/5), got {self.budget}")
-        if self.train_batch_chains % self.mini_batch_chains:
-            raise BfspoError(f"config: train_batch_chains ({self.train_batch_chains}) must be a multiple of "
-                             f"mini_batch_chains ({self.mini_batch_chains})")
+        if self.train_batch % self.mini_batch:
+            raise BfspoError(f"config: train_batch ({self.train_batch}) must be a multiple of "
+                             f"mini_batch ({self.mini_batch})")
+        if self.max_gen_rounds > 64:
+            raise BfspoError(f"config: max_gen_rounds must be at most 64 (the rollout seeds leave room for 64 "
+                             f"rounds per step), got {self.max_gen_rounds}")
+        if not isinstance(self.oversample, (int, float)) or isinstance(self.oversample, bool) or self.oversample < 1:
+            raise BfspoError(f"config: oversample must be a number >= 1 (questions generated per question "
+                             f"needed), got {self.oversample!r}")
         if not 0 < self.top_p <= 1 or self.temperature <= 0:
             raise BfspoError(f"config: need temperature > 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
+
+    @property
+    def chains_per_unit(self) -> int:
+        """Chains that one unit of train_batch / mini_batch stands for: 1, or G under 'prompts'."""
+        return self.group_size if self.batch_unit == "prompts" else 1
+
+    @property
+    def train_batch_chains(self) -> int:
+        """Complete chains per training batch, for DAPO and BFS-PO alike (Sec. 4.2)."""
+        return self.train_batch * self.chains_per_unit
+
+    @property
+    def mini_batch_chains(self) -> int:
+        """Complete chains per optimizer step."""
+        return self.mini_batch * self.chains_per_unit
 
     @property
     def method(self) -> str:

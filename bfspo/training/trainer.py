@@ -3,8 +3,9 @@
 Each step (one training batch):
 1. rollout: build one search tree per question (Algorithm 1; K = 0 is DAPO's group of G), score
    the leaves with the verifier, drop trees without signal (dynamic sampling, Eq. 2's constraint),
-   and repeat for at most `max_gen_rounds` rounds until the batch holds `train_batch_chains`
-   complete chains (Sec. 4.2: BFS-PO uses as many chains as DAPO uses sequences);
+   oversampling questions and repeating for at most `max_gen_rounds` rounds until the batch holds
+   `train_batch_chains` complete chains (Sec. 4.2: BFS-PO uses as many chains as DAPO uses
+   sequences; bfspo/training/batching.py);
 2. rewards (Eq. 3-4, 8) and advantages (Eq. 9, or Eq. 1 for DAPO and the global variant);
 3. the old log-probs are fixed for the batch: one no-grad tree-packed forward (as verl recomputes
    them), so the first ratio is exactly 1 whatever engine sampled the rollouts;
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bfspo.training import checkpoint, dist
+from bfspo.training import batching, checkpoint, dist
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
 from bfspo.training.config import OBSERVATION_FIELDS, TrainConfig, load_config
 from bfspo.errors import BfspoError
@@ -39,6 +40,7 @@ from bfspo.io import atomic_write_text, read_json, read_jsonl, write_json
 from bfspo.algorithm.loss import policy_loss
 from bfspo.algorithm.packing import pack_trees, packed_logprobs
 from bfspo.algorithm.search import build_trees
+from bfspo.training.batching import minibatch_plan
 
 
 @dataclass
@@ -67,27 +69,6 @@ def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None) -> li
     if not questions:
         raise BfspoError(f"{cfg.train_data}: no training questions")
     return questions
-
-
-def minibatch_plan(chains: list[list[int]], size: int) -> list[list[tuple[int, int]]]:
-    """Global mini-batches of whole trees, each (rank, tree index) pairs, from every rank's chain counts.
-
-    Trees are taken in an order that interleaves the ranks (rank 0's first tree, rank 1's first
-    tree, ..., rank 0's second tree, ...) and cut into mini-batches of at most `size` chains (a tree
-    larger than `size` is a mini-batch of its own). Every rank computes the same plan, so all take
-    the same optimizer steps, and a batch split over ranks is trained exactly as one process
-    would train it (App. C: 512 chains in mini-batches of 32 = 16 steps; fewer when dynamic
-    sampling could not fill the batch).
-    """
-    order = [(r, i) for i in range(max(map(len, chains), default=0)) for r in range(len(chains)) if i < len(chains[r])]
-    plan, current, n = [], [], 0
-    for r, i in order:
-        if current and n + chains[r][i] > size:
-            plan.append(current)
-            current, n = [], 0
-        current.append((r, i))
-        n += chains[r][i]
-    return plan + [current] if current else plan
 
 
 def rollout_stats(trees: list) -> dict:
@@ -193,38 +174,34 @@ class Trainer:
 
     def rollout(self) -> tuple[list, list, dict]:
         """(batch trees, all generated trees, stats) for this rank's share of the batch: Algorithm 1,
-        rewards, advantages and dynamic sampling."""
+        rewards, advantages and dynamic sampling (bfspo/training/batching.py)."""
         cfg = self.cfg
         target = cfg.train_batch_chains // self.world
-        per_tree = cfg.group_size * (cfg.k + 1)
-        kept, generated, rounds = [], [], 0
-        while rounds < cfg.max_gen_rounds and sum(len(t.leaves()) for t in kept) < target:
-            need = target - sum(len(t.leaves()) for t in kept)
-            qs = self.next_questions(math.ceil(need / per_tree))
-            seed = ((cfg.seed * 1_000_003 + self.step) * 64 + rounds) * 1024 + self.rank * 128
+
+        def generate(n: int, round_: int) -> list:
+            qs = self.next_questions(n)
+            seed = ((cfg.seed * 1_000_003 + self.step) * 64 + round_) * 1024 + self.rank * 128
             trees = build_trees(self.engine, [q.prompt_ids for q in qs], [self.scorer(q) for q in qs],
                                 group_size=cfg.group_size, k=cfg.k, budget=cfg.budget, selection=cfg.selection,
                                 temperature=cfg.temperature, top_p=cfg.top_p, seed=seed)
             for q, tree in zip(qs, trees):
-                tree.meta.update(question_id=q.id, step=self.step, round=rounds, rank=self.rank)
-                assign_rewards(tree, overlong=cfg.overlong)
+                tree.meta.update(question_id=q.id, step=self.step, round=round_, rank=self.rank)
+                assign_rewards(tree, overlong=cfg.overlong, window=cfg.overlong_window)
                 assign_advantages(tree, cfg.advantage)
-                if keep_tree(tree):
-                    kept.append(tree)
-            generated.extend(trees)
-            rounds += 1
-        batch, chains = [], 0
-        for tree in kept:  # whole trees, up to the chain budget of the batch
-            if batch and chains + len(tree.leaves()) > target:
-                break
-            batch.append(tree)
-            chains += len(tree.leaves())
-        stats = rollout_stats(generated)
-        stats.update(groups_kept=len(kept), groups_filtered=len(generated) - len(kept), gen_rounds=rounds,
-                     chains=chains, tokens_unique=sum(t.n_tokens for t in batch),
-                     tokens_total=sum(t.n_chain_tokens for t in batch),
-                     rollout_tokens=sum(t.n_tokens for t in generated))
-        return batch, generated, stats
+            return trees
+
+        filled = batching.fill(generate, keep_tree, target, cfg.group_size * (cfg.k + 1), cfg.oversample,
+                               cfg.max_gen_rounds)
+        batch = batching.select(filled.kept, target)
+        mine = batching.batch_stats(filled, batch, target)
+        stats = rollout_stats(filled.generated)
+        # log_step sums chains and the group counts over ranks and averages the rest: the other
+        # batch statistics are the global ones, the same on every rank.
+        stats.update(batching.merge_ranks(dist.gather(mine)), chains=mine["chains"], groups_kept=len(filled.kept),
+                     groups_filtered=len(filled.generated) - len(filled.kept),
+                     tokens_unique=sum(t.n_tokens for t in batch), tokens_total=sum(t.n_chain_tokens for t in batch),
+                     rollout_tokens=sum(t.n_tokens for t in filled.generated))
+        return batch, filled.generated, stats
 
     def update(self, trees: list) -> dict:
         """Optimizer steps on global mini-batches of whole trees (`minibatch_plan`), Eq. 10 each."""

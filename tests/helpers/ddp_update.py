@@ -16,8 +16,8 @@ from bfspo.algorithm.tree import SearchTree
 from bfspo.training.trainer import Trainer
 
 model, data, trees_file, out = sys.argv[1:5]
-cfg = TrainConfig(model=model, train_data=data, k=2, group_size=4, budget=24, train_batch_chains=16,
-                  mini_batch_chains=8, lr=1e-2, threads=1)
+cfg = TrainConfig(model=model, train_data=data, k=2, group_size=4, budget=24, train_batch=16,
+                  mini_batch=8, lr=1e-2, threads=1)
 trainer = Trainer(cfg, Path(out))
 trees = [SearchTree.from_dict(json.loads(line)) for line in Path(trees_file).read_text().splitlines()]
 trainer.update(trees[trainer.rank::trainer.world])

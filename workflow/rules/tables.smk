@@ -4,6 +4,7 @@
 rule table:
     input:
         summaries=lambda wc: table_summaries(wc.table),
+        runs=lambda wc: table_runs(wc.table),
         reported=reported_inputs(),
     output:
         multiext(f"{RESULTS}/tables/{{table}}", ".csv", ".md", ".tex"),
@@ -14,6 +15,7 @@ rule table:
     params:
         spec=lambda wc: table_spec(wc.table),
         reported=reported_arg(),
+        runs_dir=f"{RESULTS}/runs",
         out_dir=output_dir,
     resources:
         **slurm_resources(),
@@ -21,7 +23,7 @@ rule table:
         CONDA_ENV
     shell:
         "bfspo tables build --spec {params.spec:q} --summaries {input.summaries} {params.reported}"
-        " --out-dir {params.out_dir} > {log} 2>&1"
+        " --runs-dir {params.runs_dir} --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule aes_consistency:

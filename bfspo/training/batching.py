@@ -1,0 +1,113 @@
+"""Batch assembly: dynamic sampling fills a training batch with whole trees, then cuts it into
+optimizer steps.
+
+A batch holds `target` complete chains, for DAPO (K = 0: a tree is a group of G) and BFS-PO alike
+(Sec. 4.2: "the same number of total sequences used in DAPO, obtained using multiple questions and
+trees"). Trees without signal are dropped (DAPO's constraint 0 < |{o_i correct}| < G, Eq. 2;
+`keep_tree`). As in verl's DAPO recipe, each generation round asks for more questions than the
+missing chains need (`oversample`), and rounds repeat until the batch is full or `max_rounds` are
+spent. Kept trees beyond the batch are discarded, as verl discards its surplus prompts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+
+def tree_chains(tree) -> int:
+    """Complete chains of a tree (its leaves): what a batch counts."""
+    return len(tree.leaves())
+
+
+def questions_to_ask(missing: int, chains_per_question: int, oversample: float) -> int:
+    """Questions one generation round asks for: ceil(oversample * missing / chains_per_question).
+
+    `chains_per_question` is G (K + 1), the chains of a fully expanded tree; a tree that stopped
+    early, or is filtered out, brings fewer, which `oversample` and the further rounds make up for.
+    """
+    if missing <= 0:
+        return 0
+    return math.ceil(oversample * missing / chains_per_question - 1e-9)
+
+
+@dataclass
+class Filled:
+    """What dynamic sampling produced for one batch (on one rank)."""
+
+    kept: list = field(default_factory=list)  # trees with signal, in generation order
+    generated: list = field(default_factory=list)  # every generated tree
+    rounds: int = 0
+
+
+def fill(generate: Callable[[int, int], list], keep: Callable[[object], bool], target: int,
+         chains_per_question: int, oversample: float, max_rounds: int) -> Filled:
+    """Generation rounds until `select` can fill `target` chains from the kept trees, or
+    `max_rounds` rounds are spent.
+
+    `generate(n_questions, round)` builds (and scores) the trees of the next n questions; `keep`
+    is the dynamic-sampling filter. Each round asks for the chains that `select` still lacks (trees
+    come in sizes that need not add up to the target, so kept chains alone are not the measure).
+    """
+    out = Filled()
+    have = 0
+    while out.rounds < max_rounds and have < target:
+        trees = generate(questions_to_ask(target - have, chains_per_question, oversample), out.rounds)
+        out.generated.extend(trees)
+        out.kept.extend(t for t in trees if keep(t))
+        have = sum(tree_chains(t) for t in select(out.kept, target))
+        out.rounds += 1
+    return out
+
+
+def select(kept: Sequence, target: int) -> list:
+    """Whole trees, first fit in generation order, holding at most `target` chains: a tree that
+    would overflow the batch is skipped for a later, smaller one. A single tree larger than the
+    whole batch is taken alone (and only when nothing was taken before it)."""
+    batch, chains = [], 0
+    for tree in kept:
+        n = tree_chains(tree)
+        if chains + n <= target or not batch and n > target:
+            batch.append(tree)
+            chains += n
+        if chains >= target:
+            break
+    return batch
+
+
+def batch_stats(filled: Filled, batch: Sequence, target: int) -> dict:
+    """One rank's batch statistics: questions generated and kept, trees and chains trained on, the
+    chains asked for, generation rounds, and whether the batch reached its `target` chains."""
+    chains = sum(tree_chains(t) for t in batch)
+    return {"questions_generated": len(filled.generated), "questions_kept": len(filled.kept), "trees": len(batch),
+            "chains": chains, "chains_target": target, "gen_rounds": filled.rounds, "batch_full": chains >= target}
+
+
+def merge_ranks(ranks: Sequence[dict]) -> dict:
+    """The global batch statistics from every rank's `batch_stats`: counts summed, the most rounds
+    any rank spent, and full only when every rank's share is full."""
+    total = {k: sum(r[k] for r in ranks) for k in ("questions_generated", "questions_kept", "trees", "chains",
+                                                    "chains_target")}
+    return total | {"gen_rounds": max(r["gen_rounds"] for r in ranks), "batch_full": all(r["batch_full"] for r in ranks)}
+
+
+def minibatch_plan(chains: list[list[int]], size: int) -> list[list[tuple[int, int]]]:
+    """Global mini-batches of whole trees, each (rank, tree index) pairs, from every rank's chain counts.
+
+    Trees are taken in an order that interleaves the ranks (rank 0's first tree, rank 1's first
+    tree, ..., rank 0's second tree, ...) and cut into mini-batches of at most `size` chains (a tree
+    larger than `size` is a mini-batch of its own). Every rank computes the same plan, so all take
+    the same optimizer steps, and a batch split over ranks is trained exactly as one process
+    would train it (App. C: 512 chains in mini-batches of 32 = 16 steps; fewer when dynamic
+    sampling could not fill the batch).
+    """
+    order = [(r, i) for i in range(max(map(len, chains), default=0)) for r in range(len(chains)) if i < len(chains[r])]
+    plan, current, n = [], [], 0
+    for r, i in order:
+        if current and n + chains[r][i] > size:
+            plan.append(current)
+            current, n = [], 0
+        current.append((r, i))
+        n += chains[r][i]
+    return plan + [current] if current else plan

@@ -1,0 +1,132 @@
+"""Batch assembly (bfspo/training/batching.py): dynamic sampling fills the batch for DAPO and BFS-PO
+alike, first-fit selection of whole trees, the batch statistics and the mini-batch plan."""
+
+import numpy as np
+import pytest
+
+from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
+from bfspo.algorithm.search import build_trees
+from bfspo.rollout.base import Completion
+from bfspo.training import batching
+from bfspo.training.batching import minibatch_plan
+
+ANSWER = 7  # a path is correct iff its last token is the answer
+
+
+class BetaEngine:
+    """Per-question accuracy p ~ Beta(mean * c, (1 - mean) * c); each completion (initial or
+    expansion) is correct with probability p, of random length (10 to 40 tokens, so every path has
+    backtracking candidates) and entropies."""
+
+    def __init__(self, mean: float, concentration: float = 4.0, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+        self.a, self.b = mean * concentration, (1 - mean) * concentration
+        self.accuracy: dict[int, float] = {}
+
+    def question(self) -> list[int]:
+        qid = 1000 + len(self.accuracy)
+        self.accuracy[qid] = float(self.rng.beta(self.a, self.b))
+        return [qid]
+
+    def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None):
+        budgets = [max_new_tokens] * len(contexts) if isinstance(max_new_tokens, int) else max_new_tokens
+        out = []
+        for context, budget in zip(contexts, budgets):
+            p = self.accuracy[context[0]]
+            comps = []
+            for _ in range(n):
+                length = int(self.rng.integers(min(budget, 10), min(budget, 40) + 1))
+                tokens = [int(t) for t in self.rng.integers(10, 50, size=length)]
+                if self.rng.random() < p:
+                    tokens[-1] = ANSWER
+                comps.append(Completion(tokens, [-0.1] * length, list(self.rng.uniform(0.1, 2.0, size=length)), True))
+            out.append(comps)
+        return out
+
+
+def rollout(engine: BetaEngine, k: int, group_size: int = 8, budget: int = 64):
+    """What Trainer.rollout hands to `batching.fill`: Algorithm 1, rewards, advantages."""
+    def generate(n, round_):
+        prompts = [engine.question() for _ in range(n)]
+        trees = build_trees(engine, prompts, [lambda ids: ids[-1] == ANSWER] * n, group_size=group_size, k=k,
+                            budget=budget, seed=round_)
+        for tree in trees:
+            assign_rewards(tree)
+            assign_advantages(tree, "branch")
+        return trees
+    return generate
+
+
+@pytest.mark.parametrize("mean", [0.84, 0.5])
+@pytest.mark.parametrize("k", [0, 3])
+def test_both_methods_fill_512_chains_and_take_16_steps(mean, k):
+    engine = BetaEngine(mean, seed=k)
+    filled = batching.fill(rollout(engine, k), keep_tree, target=512, chains_per_question=8 * (k + 1),
+                           oversample=3.0, max_rounds=10)
+    batch = batching.select(filled.kept, 512)
+    stats = batching.batch_stats(filled, batch, 512)
+    assert stats["chains"] == 512 and stats["batch_full"] is True
+    assert len(minibatch_plan([[batching.tree_chains(t) for t in batch]], 32)) == 16
+    assert stats["questions_generated"] == len(engine.accuracy) >= stats["questions_kept"] >= stats["trees"]
+
+
+def test_the_old_sampling_leaves_dapo_short_at_84_percent():
+    # issue 14: no oversampling and 3 rounds left DAPO's batches short where the model is good
+    engine = BetaEngine(0.84, seed=0)
+    filled = batching.fill(rollout(engine, 0), keep_tree, target=512, chains_per_question=8, oversample=1.0,
+                           max_rounds=3)
+    stats = batching.batch_stats(filled, batching.select(filled.kept, 512), 512)
+    assert stats["chains"] < 512 and stats["batch_full"] is False and stats["gen_rounds"] == 3
+
+
+class Tree:
+    def __init__(self, chains, keep=True):
+        self.chains, self.keep = chains, keep
+
+    def leaves(self):
+        return list(range(self.chains))
+
+
+@pytest.mark.parametrize("missing, per_question, oversample, n", [
+    (512, 8, 3.0, 192),  # DAPO: 64 groups needed, 3x asked for
+    (512, 32, 3.0, 48),  # BFS-PO K=3: 16 trees needed
+    (20, 8, 1.0, 3),  # ceil(2.5)
+    (20, 8, 1.5, 4),  # ceil(3.75)
+    (0, 8, 3.0, 0),
+])
+def test_questions_to_ask(missing, per_question, oversample, n):
+    assert batching.questions_to_ask(missing, per_question, oversample) == n
+
+
+def test_fill_stops_when_full_or_out_of_rounds():
+    asked = []
+
+    def generate(n, round_):
+        asked.append((n, round_))
+        return [Tree(8, keep=i % 2 == 0) for i in range(n)]  # half the groups have signal
+
+    filled = batching.fill(generate, lambda t: t.keep, target=64, chains_per_question=8, oversample=1.0, max_rounds=10)
+    # round 0: 8 asked, 4 kept (32 chains); round 1: 4 asked, 2 kept; round 2: 2 asked, 1 kept; round 3: 1 asked, 1 kept
+    assert asked == [(8, 0), (4, 1), (2, 2), (1, 3)]
+    assert filled.rounds == 4 and len(filled.kept) == 8 and len(filled.generated) == 15
+    short = batching.fill(lambda n, r: [Tree(8, keep=False)] * n, lambda t: t.keep, 64, 8, 3.0, max_rounds=2)
+    assert short.rounds == 2 and short.kept == [] and len(short.generated) == 48
+
+
+def test_select_is_first_fit_of_whole_trees():
+    trees = [Tree(c) for c in (20, 20, 16, 8, 4)]
+    assert [t.chains for t in batching.select(trees, 32)] == [20, 8, 4]  # the second 20 and the 16 overflow
+    assert [t.chains for t in batching.select(trees, 64)] == [20, 20, 16, 8]
+    assert [t.chains for t in batching.select([Tree(40), Tree(8)], 32)] == [40]  # larger than the batch: alone
+    assert batching.select([], 32) == []
+
+
+def test_batch_stats_and_merge_over_ranks():
+    filled = batching.Filled(kept=[Tree(20), Tree(8), Tree(4)], generated=[Tree(20)] * 5, rounds=2)
+    a = batching.batch_stats(filled, [Tree(20), Tree(8), Tree(4)], 32)
+    assert a == {"questions_generated": 5, "questions_kept": 3, "trees": 3, "chains": 32, "chains_target": 32,
+                 "gen_rounds": 2, "batch_full": True}
+    b = batching.batch_stats(batching.Filled(kept=[Tree(8)], generated=[Tree(8)] * 9, rounds=10), [Tree(8)], 32)
+    assert b["batch_full"] is False
+    assert batching.merge_ranks([a, b]) == {"questions_generated": 14, "questions_kept": 4, "trees": 4, "chains": 40,
+                                            "chains_target": 64, "gen_rounds": 10, "batch_full": False}
