@@ -5,6 +5,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -235,3 +236,76 @@ def test_torn_metrics_line_and_early_kill_do_not_break_resume(tiny_model_dir, tr
     assert proc.returncode == 0, proc.stderr
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
+
+
+def test_a_second_trainer_on_the_same_directory_is_refused(tiny_model_dir, train_data, tmp_path):
+    """One writer per run directory: the second `bfspo train` exits at once naming the first, which
+    finishes unharmed with each step logged exactly once."""
+    out = tmp_path / "run"
+    first = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=30, save_every=10), env=ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (out / "config.json").exists():  # written once the lock is held
+        time.sleep(0.05)
+    second = run_train(tiny_model_dir, train_data, out, steps=30, save_every=10)
+    assert not (out / "done.json").exists(), "the first run finished before the second started"
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    assert second.returncode == 2
+    assert f"is in use by bfspo train (host {socket.gethostname()}, pid {first.pid}" in second.stderr
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 31))
+    assert json.loads((out / "done.json").read_text())["steps"] == 30
+
+
+def test_the_lock_of_a_killed_trainer_does_not_block_the_rerun(tiny_model_dir, train_data, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=4), env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (out / "config.json").exists():
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "done.json").exists(), "the run finished before it could be killed"
+    proc = run_train(tiny_model_dir, train_data, out, steps=4)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_output_dir_that_is_a_file_is_refused(tiny_model_dir, train_data, tmp_path):
+    out = tmp_path / "file"
+    out.write_text("")
+    proc = run_train(tiny_model_dir, train_data, out)
+    assert proc.returncode == 2 and "exists and is not a directory" in proc.stderr
+
+
+def test_a_failed_start_leaves_no_config_behind(tiny_model_dir, train_data, tmp_path):
+    """A typo in the model path must not make the directory refuse the corrected command."""
+    out = tmp_path / "run"
+    proc = run_train("/nonexistent/model", train_data, out)
+    assert proc.returncode == 2 and "no such model directory" in proc.stderr
+    assert not (out / "config.json").exists()
+    proc = run_train(tiny_model_dir, train_data, out, steps=1)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_run_without_optimizer_steps_is_not_marked_done(tiny_model_dir, train_data, tmp_path):
+    out = tmp_path / "run"
+    proc = run_train(tiny_model_dir, train_data, out, steps=2, budget=5)
+    assert proc.returncode == 2 and "no optimizer step in 2 steps" in proc.stderr
+    assert not (out / "done.json").exists()
+
+
+def test_sigterm_checkpoints_the_last_step_before_exiting(tiny_model_dir, train_data, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=50, save_every=100), env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (out / "metrics.jsonl").exists():
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 143
+    logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    state = torch.load(out / "checkpoint" / "state.pt", weights_only=False)
+    assert state["step"] == logged[-1] < 50 and f"stopped after step {logged[-1]}" in stdout
+    assert not (out / "done.json").exists()
