@@ -309,3 +309,21 @@ def test_sigterm_checkpoints_the_last_step_before_exiting(tiny_model_dir, train_
     state = torch.load(out / "checkpoint" / "state.pt", weights_only=False)
     assert state["step"] == logged[-1] < 50 and f"stopped after step {logged[-1]}" in stdout
     assert not (out / "done.json").exists()
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"id": "0", "question": null, "answer": "1"}', "train.jsonl:1: missing or empty field(s) question"),
+    ('{"id": "0", "question": "Q", "answer": true}', "train.jsonl:1: missing or empty field(s) answer"),
+    ('{"id": "0", "question": "Q\xff", "answer": "1"}', "train.jsonl:1: not UTF-8 text"),
+])
+def test_bad_training_rows_are_refused(tiny_model_dir, tmp_path, line, message):
+    from bfspo.errors import BfspoError
+    from bfspo.model_io import load_tokenizer
+    from bfspo.training.config import TrainConfig
+    from bfspo.training.trainer import load_questions
+
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(line.encode("latin-1") + b"\n")
+    cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(data))
+    with pytest.raises(BfspoError, match=re.escape(message)):
+        load_questions(cfg, load_tokenizer(str(tiny_model_dir)), None)

@@ -59,9 +59,10 @@ def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None) -> li
     get_benchmark(cfg.benchmark)
     questions = []
     for lineno, row in read_jsonl(cfg.train_data):
-        missing = [k for k in ("id", "question", "answer") if k not in row]
+        missing = [k for k in ("id", "question", "answer")
+                   if not isinstance(row.get(k), (str, int)) or isinstance(row[k], bool) or str(row[k]).strip() == ""]
         if missing:
-            raise BfspoError(f"{cfg.train_data}:{lineno}: missing field(s) {', '.join(missing)}")
+            raise BfspoError(f"{cfg.train_data}:{lineno}: missing or empty field(s) {', '.join(missing)}")
         ids = prompt_ids(tokenizer, cfg.benchmark, row["question"])
         if max_positions is not None and len(ids) + cfg.budget > max_positions:
             raise BfspoError(f"{cfg.train_data}:{lineno}: the prompt ({len(ids)} tokens) plus the budget "
