@@ -327,3 +327,47 @@ def test_bad_training_rows_are_refused(tiny_model_dir, tmp_path, line, message):
     cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(data))
     with pytest.raises(BfspoError, match=re.escape(message)):
         load_questions(cfg, load_tokenizer(str(tiny_model_dir)), None)
+
+
+class _FakeAdapterModel:
+    def save_pretrained(self, path):
+        path.mkdir(parents=True)
+        (path / "adapter_model.safetensors").write_bytes(b"weights" * 100)
+
+
+class _FakeOptimizer:
+    def state_dict(self):
+        return {}
+
+
+def test_a_checkpoint_file_changed_after_saving_is_named(tmp_path):
+    from bfspo.errors import BfspoError
+    from bfspo.training import checkpoint
+
+    checkpoint.save(tmp_path, _FakeAdapterModel(), _FakeOptimizer(), {"step": 3})
+    ckpt = checkpoint.latest(tmp_path)
+    (ckpt / "adapter" / "adapter_model.safetensors").write_bytes(bytes(700))  # zeroed bytes
+    with pytest.raises(BfspoError, match=r"adapter/adapter_model.safetensors missing or changed .* delete"):
+        checkpoint.load(ckpt, None, None)
+
+
+def test_a_truncated_state_pt_is_named_with_the_way_out(tmp_path):
+    from bfspo.errors import BfspoError
+    from bfspo.training import checkpoint
+
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    (ckpt / "COMPLETE").write_text("ok\n")  # a checkpoint from before manifests
+    torch.save({"step": 1, "optimizer": {}}, ckpt / "state.pt")
+    (ckpt / "state.pt").write_bytes((ckpt / "state.pt").read_bytes()[:50])
+    with pytest.raises(BfspoError, match=re.escape(f"{ckpt / 'state.pt'}: unreadable") + ".*" + re.escape(f"delete {ckpt}")):
+        checkpoint.load(ckpt, None, None)
+
+
+def test_a_checkpoint_folder_without_its_marker_is_not_skipped_silently(tmp_path):
+    from bfspo.errors import BfspoError
+    from bfspo.training import checkpoint
+
+    (tmp_path / "checkpoint").mkdir()
+    with pytest.raises(BfspoError, match="without its COMPLETE marker"):
+        checkpoint.latest(tmp_path)
