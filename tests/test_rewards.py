@@ -345,7 +345,7 @@ def test_the_worker_dies_with_its_caller():
     code = ("import os, signal, threading, time\n"
             "from bfspo.tasks import verify\n"
             "verify.is_correct('math500', '\\\\boxed{x+4}', '4+x')\n"
-            "print(verify._pool()._idle[0]._proc.pid, flush=True)\n"
+            "print(open(f'/proc/{os.getpid()}/task/{os.getpid()}/children').read(), flush=True)\n"
             "threading.Thread(target=verify.is_correct, args=('math500', '\\\\boxed{7^{7^{9^{9}}}}', '1'),"
             " kwargs={'timeout': 600}).start()\n"
             "time.sleep(1)\n"
