@@ -371,3 +371,19 @@ def test_a_checkpoint_folder_without_its_marker_is_not_skipped_silently(tmp_path
     (tmp_path / "checkpoint").mkdir()
     with pytest.raises(BfspoError, match="without its COMPLETE marker"):
         checkpoint.latest(tmp_path)
+
+
+def test_a_failed_checkpoint_write_reports_the_disk_space(tmp_path, monkeypatch):
+    from bfspo.errors import BfspoError
+    from bfspo.training import checkpoint
+
+    checkpoint.save(tmp_path, _FakeAdapterModel(), _FakeOptimizer(), {"step": 1})
+
+    def full_disk(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 128 vs 0")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    with pytest.raises(BfspoError, match="writing the checkpoint failed .*unexpected pos.* MiB of disk space left"):
+        checkpoint.save(tmp_path, _FakeAdapterModel(), _FakeOptimizer(), {"step": 2})
+    assert not (tmp_path / "checkpoint.tmp").exists()
+    assert torch.load(checkpoint.latest(tmp_path) / "state.pt", weights_only=False)["step"] == 1

@@ -31,13 +31,19 @@ def save(run_dir: Path, model, optimizer, state: dict) -> None:
     if not final.exists() and (old / MARKER).is_file():  # an earlier save died mid-swap: restore it first
         old.rename(final)
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / "adapter")
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save({"optimizer": optimizer.state_dict(), "rng": rng, **state}, tmp / "state.pt")
-    (tmp / MARKER).write_text(json.dumps({"sha256": checksums(tmp)}, indent=1) + "\n")
+    try:
+        tmp.mkdir(parents=True)
+        model.save_pretrained(tmp / "adapter")
+        torch.save({"optimizer": optimizer.state_dict(), "rng": rng, **state}, tmp / "state.pt")
+        (tmp / MARKER).write_text(json.dumps({"sha256": checksums(tmp)}, indent=1) + "\n")
+    except (OSError, RuntimeError) as e:  # a full disk reaches torch.save as "unexpected pos ..."
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(run_dir).free
+        raise BfspoError(f"{tmp}: writing the checkpoint failed ({str(e).splitlines()[0]}); {free / 2**20:.0f} MiB "
+                         "of disk space left there (the previous checkpoint is kept)") from None
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
