@@ -51,13 +51,15 @@ def read_jsonl(path: str | os.PathLike, skipped: list | None = None) -> Iterator
     path = Path(path)
     if not path.is_file():
         raise BfspoError(f"{path}: no such file")
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(raw.decode("utf-8"))
                 problem = None if isinstance(obj, dict) else f"expected a JSON object, got {type(obj).__name__}"
+            except UnicodeDecodeError as e:
+                problem = f"not UTF-8 text (byte {e.start + 1} of the line)"
             except json.JSONDecodeError as e:
                 problem = f"not valid JSON ({e.msg})"
             if problem is None:

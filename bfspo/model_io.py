@@ -16,6 +16,9 @@ from bfspo.errors import BfspoError
 from bfspo.io import read_json
 
 
+TOKENIZER_PROBE = "The answer is 42."
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -47,10 +50,18 @@ def check_model_source(name: str) -> None:
 
 
 def _from_pretrained(loader, name: str, **kw):
-    """Call a transformers `from_pretrained`, turning a missing or uncached model into a BfspoError."""
+    """Call a transformers `from_pretrained`, turning a missing, uncached or unreadable model into a
+    BfspoError (for a local folder: what is wrong with it, e.g. no weights or a truncated file)."""
+    from safetensors import SafetensorError
+
     try:
         return loader.from_pretrained(name, **kw)
+    except SafetensorError as e:
+        files = ", ".join(sorted(p.name for p in Path(name).expanduser().glob("*.safetensors"))) or "a weights file"
+        raise BfspoError(f"{name}: {files}: damaged or truncated ({e}); copy the model again") from None
     except OSError as e:
+        if Path(name).expanduser().is_dir():
+            raise BfspoError(f"{name}: could not load the model folder ({str(e).splitlines()[0]})") from None
         if _offline():
             raise BfspoError(f"{name}: not a local model directory and not in the Hugging Face cache "
                              "(HF_HUB_OFFLINE=1 forbids downloading it)") from None
@@ -63,6 +74,9 @@ def load_tokenizer(name: str):
 
     check_model_source(name)
     tokenizer = _from_pretrained(AutoTokenizer, name)
+    if not tokenizer.encode(TOKENIZER_PROBE, add_special_tokens=False):
+        raise BfspoError(f"{name}: its tokenizer encodes the text {TOKENIZER_PROBE!r} to no tokens, so it is not the "
+                         "model's tokenizer (is tokenizer.json missing from the folder?)")
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

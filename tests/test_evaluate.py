@@ -108,7 +108,7 @@ def test_evaluates_with_an_adapter(tiny_model_dir, tmp_path):
     ("greedy_samples", "would all be the same greedy response"),
     ("bad_meta", "--meta expects KEY=VALUE"),
 ])
-def test_bad_input_exits_2_with_a_message_and_no_summary(tiny_model_dir, tmp_path, capsys, case, message):
+def test_bad_input_exits_2_with_a_message_and_keeps_the_old_summary(tiny_model_dir, tmp_path, capsys, case, message):
     data = tmp_path / "gsm8k.jsonl"
     model, extra = tiny_model_dir, []
     lines = [json.dumps(r) for r in ROWS[:2]]
@@ -133,10 +133,10 @@ def test_bad_input_exits_2_with_a_message_and_no_summary(tiny_model_dir, tmp_pat
     data.write_text("".join(line + "\n" for line in lines))
     out = tmp_path / "out"
     out.mkdir()
-    (out / "summary.json").write_text("{}")  # a stale summary from an earlier run must not survive
+    (out / "summary.json").write_text("{}")  # an earlier run's summary stays until a new one replaces it
     assert evaluate(model, data, out, *extra) == 2
     assert message in capsys.readouterr().err
-    assert not (out / "summary.json").exists()
+    assert (out / "summary.json").read_text() == "{}"
 
 
 def test_prompt_budget_check_counts_the_real_prompt(tiny_model_dir, tmp_path, capsys):
@@ -149,3 +149,14 @@ def test_prompt_budget_check_counts_the_real_prompt(tiny_model_dir, tmp_path, ca
     data = write_rows(tmp_path / "gsm8k.jsonl", ROWS[:1])
     assert evaluate(tiny_model_dir, data, tmp_path / "over", "--budget", str(2049 - len(prompt))) == 2
     assert f"prompt of {len(prompt)} tokens plus budget {2049 - len(prompt)}" in capsys.readouterr().err
+
+
+def test_a_second_evaluate_on_the_same_folder_is_refused(tiny_model_dir, tmp_path, capsys):
+    from bfspo import runlock
+
+    data = write_rows(tmp_path / "gsm8k.jsonl", ROWS[:1])
+    with runlock.hold(tmp_path / "out", "evaluate"):
+        assert evaluate(tiny_model_dir, data, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert "is in use by bfspo evaluate" in err and "pid" in err
+    assert not (tmp_path / "out" / "summary.json").exists()

@@ -111,3 +111,29 @@ def test_bad_adapter_dirs(tiny_model_dir, tmp_path):
     (tmp_path / "adapter_config.json").write_text("{not json")
     with pytest.raises(BfspoError, match="not valid JSON"):
         load_model(str(tiny_model_dir), str(tmp_path))
+
+
+@pytest.fixture
+def model_copy(tiny_model_dir, tmp_path):
+    import shutil
+
+    return shutil.copytree(tiny_model_dir, tmp_path / "model")
+
+
+def test_a_folder_whose_tokenizer_encodes_nothing_is_refused(model_copy):
+    (model_copy / "tokenizer.json").unlink()  # transformers then builds a 3-token tokenizer
+    with pytest.raises(BfspoError, match="encodes the text 'The answer is 42.' to no tokens"):
+        load_tokenizer(str(model_copy))
+
+
+def test_a_folder_without_weights_says_so(model_copy):
+    (model_copy / "model.safetensors").unlink()
+    with pytest.raises(BfspoError, match="could not load the model folder .*no file named model.safetensors"):
+        load_model(str(model_copy))
+
+
+def test_truncated_weights_are_named(model_copy):
+    weights = model_copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(BfspoError, match="model.safetensors: damaged or truncated"):
+        load_model(str(model_copy))

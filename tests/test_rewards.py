@@ -1,8 +1,13 @@
 """Answer extraction, verification (math-verify in a killable worker) and the reward of Eq. 3-4."""
 
 import multiprocessing
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -338,3 +343,60 @@ def test_the_two_windows_at_the_toy_budget():
 def test_unknown_window_is_an_error():
     with pytest.raises(BfspoError, match="overlong window must be one of"):
         overlong_penalty(100, 512, window="verl")
+
+
+def test_extraction_is_linear_in_runs_of_newlines_and_spaces():
+    """The answer-phrase regex once took minutes on 1 MB of newlines; the answers must come back."""
+    code = ("from bfspo.tasks.verify import is_correct\n"
+            "print(is_correct('gsm8k', 'x' + '\\n' * 10**6, '5'), is_correct('gsm8k', 'answer' + ' ' * 10**5 + 'x', '5'),"
+            " is_correct('gsm8k', '\\n' * 10**5 + 'A: 5', '5'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["False", "False", "True"], proc.stderr
+
+
+def test_a_missing_response_or_gold_is_not_correct():
+    assert is_correct("gsm8k", None, "5") is False
+    assert is_correct("math500", "\\boxed{5}", None) is False
+
+
+def test_a_pathological_answer_does_not_hold_up_other_threads():
+    """Each caller has its own worker: a short deadline is kept while another thread's long one runs."""
+    is_correct("math500", "\\boxed{x+3}", "3+x")
+    slow = threading.Thread(target=is_correct, args=("math500", "\\boxed{6^{6^{6^{6}}}}", "1"), kwargs={"timeout": 20})
+    slow.start()
+    quick = []
+    quick.append(is_correct("math500", "\\boxed{5^{5^{5^{5}}}}", "1", timeout=1.0))
+    quick.append(is_correct("math500", "\\boxed{\\frac{3}{9}}", "1/3"))
+    assert quick == [False, True]
+    assert slow.is_alive(), "the quick calls waited for the slow one"
+    slow.join(timeout=60)
+
+
+def test_the_worker_dies_with_its_caller():
+    code = ("import os, signal, threading, time\n"
+            "from bfspo.tasks import verify\n"
+            "verify.is_correct('math500', '\\\\boxed{x+4}', '4+x')\n"
+            "print(open(f'/proc/{os.getpid()}/task/{os.getpid()}/children').read(), flush=True)\n"
+            "threading.Thread(target=verify.is_correct, args=('math500', '\\\\boxed{7^{7^{9^{9}}}}', '1'),"
+            " kwargs={'timeout': 600}).start()\n"
+            "time.sleep(1)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    worker = int(proc.stdout.split()[0])
+    try:
+        for _ in range(300):
+            if not _running(worker):
+                break
+            time.sleep(0.1)
+        assert not _running(worker), "the verifier worker outlived its caller"
+    finally:
+        if _running(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is alive (a zombie that nobody reaped yet counts as dead)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -238,3 +239,154 @@ def test_torn_metrics_line_and_early_kill_do_not_break_resume(tiny_model_dir, tr
     assert proc.returncode == 0, proc.stderr
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
+
+
+def test_a_second_trainer_on_the_same_directory_is_refused(tiny_model_dir, train_data, tmp_path):
+    """One writer per run directory: the second `bfspo train` exits at once naming the first, which
+    finishes unharmed with each step logged exactly once."""
+    out = tmp_path / "run"
+    first = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=30, save_every=10), env=ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (out / "config.json").exists():  # written once the lock is held
+        time.sleep(0.05)
+    second = run_train(tiny_model_dir, train_data, out, steps=30, save_every=10)
+    assert not (out / "done.json").exists(), "the first run finished before the second started"
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    assert second.returncode == 2
+    assert f"is in use by bfspo train (host {socket.gethostname()}, pid {first.pid}" in second.stderr
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 31))
+    assert json.loads((out / "done.json").read_text())["steps"] == 30
+
+
+def test_the_lock_of_a_killed_trainer_does_not_block_the_rerun(tiny_model_dir, train_data, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=4), env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (out / "config.json").exists():
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "done.json").exists(), "the run finished before it could be killed"
+    proc = run_train(tiny_model_dir, train_data, out, steps=4)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_output_dir_that_is_a_file_is_refused(tiny_model_dir, train_data, tmp_path):
+    out = tmp_path / "file"
+    out.write_text("")
+    proc = run_train(tiny_model_dir, train_data, out)
+    assert proc.returncode == 2 and "exists and is not a directory" in proc.stderr
+
+
+def test_a_failed_start_leaves_no_config_behind(tiny_model_dir, train_data, tmp_path):
+    """A typo in the model path must not make the directory refuse the corrected command."""
+    out = tmp_path / "run"
+    proc = run_train("/nonexistent/model", train_data, out)
+    assert proc.returncode == 2 and "no such model directory" in proc.stderr
+    assert not (out / "config.json").exists()
+    proc = run_train(tiny_model_dir, train_data, out, steps=1)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_run_without_optimizer_steps_is_not_marked_done(tiny_model_dir, train_data, tmp_path):
+    out = tmp_path / "run"
+    proc = run_train(tiny_model_dir, train_data, out, steps=2, budget=5)
+    assert proc.returncode == 2 and "no optimizer step in 2 steps" in proc.stderr
+    assert not (out / "done.json").exists()
+
+
+def test_sigterm_checkpoints_the_last_step_before_exiting(tiny_model_dir, train_data, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=50, save_every=100), env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (out / "metrics.jsonl").exists():
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 143
+    logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    state = torch.load(out / "checkpoint" / "state.pt", weights_only=False)
+    assert state["step"] == logged[-1] < 50 and f"stopped after step {logged[-1]}" in stdout
+    assert not (out / "done.json").exists()
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"id": "0", "question": null, "answer": "1"}', "train.jsonl:1: missing or empty field(s) question"),
+    ('{"id": "0", "question": "Q", "answer": true}', "train.jsonl:1: missing or empty field(s) answer"),
+    ('{"id": "0", "question": "Q\xff", "answer": "1"}', "train.jsonl:1: not UTF-8 text"),
+])
+def test_bad_training_rows_are_refused(tiny_model_dir, tmp_path, line, message):
+    from bfspo.errors import BfspoError
+    from bfspo.model_io import load_tokenizer
+    from bfspo.training.config import TrainConfig
+    from bfspo.training.trainer import load_questions
+
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(line.encode("latin-1") + b"\n")
+    cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(data))
+    with pytest.raises(BfspoError, match=re.escape(message)):
+        load_questions(cfg, load_tokenizer(str(tiny_model_dir)), None)
+
+
+class _FakeAdapterModel:
+    def save_pretrained(self, path):
+        path.mkdir(parents=True)
+        (path / "adapter_model.safetensors").write_bytes(b"weights" * 100)
+
+
+class _FakeOptimizer:
+    def state_dict(self):
+        return {}
+
+
+def test_a_checkpoint_file_changed_after_saving_is_named(tmp_path):
+    from bfspo.errors import BfspoError
+    from bfspo.training import checkpoint
+
+    checkpoint.save(tmp_path, _FakeAdapterModel(), _FakeOptimizer(), {"step": 3})
+    ckpt = checkpoint.latest(tmp_path)
+    (ckpt / "adapter" / "adapter_model.safetensors").write_bytes(bytes(700))  # zeroed bytes
+    with pytest.raises(BfspoError, match=r"adapter/adapter_model.safetensors missing or changed .* delete"):
+        checkpoint.load(ckpt, None, None)
+
+
+def test_a_truncated_state_pt_is_named_with_the_way_out(tmp_path):
+    from bfspo.errors import BfspoError
+    from bfspo.training import checkpoint
+
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    (ckpt / "COMPLETE").write_text("ok\n")  # a checkpoint from before manifests
+    torch.save({"step": 1, "optimizer": {}}, ckpt / "state.pt")
+    (ckpt / "state.pt").write_bytes((ckpt / "state.pt").read_bytes()[:50])
+    with pytest.raises(BfspoError, match=re.escape(f"{ckpt / 'state.pt'}: unreadable") + ".*" + re.escape(f"delete {ckpt}")):
+        checkpoint.load(ckpt, None, None)
+
+
+def test_a_checkpoint_folder_without_its_marker_is_not_skipped_silently(tmp_path):
+    from bfspo.errors import BfspoError
+    from bfspo.training import checkpoint
+
+    (tmp_path / "checkpoint").mkdir()
+    with pytest.raises(BfspoError, match="without its COMPLETE marker"):
+        checkpoint.latest(tmp_path)
+
+
+def test_a_failed_checkpoint_write_reports_the_disk_space(tmp_path, monkeypatch):
+    from bfspo.errors import BfspoError
+    from bfspo.training import checkpoint
+
+    checkpoint.save(tmp_path, _FakeAdapterModel(), _FakeOptimizer(), {"step": 1})
+
+    def full_disk(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 128 vs 0")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    with pytest.raises(BfspoError, match="writing the checkpoint failed .*unexpected pos.* MiB of disk space left"):
+        checkpoint.save(tmp_path, _FakeAdapterModel(), _FakeOptimizer(), {"step": 2})
+    assert not (tmp_path / "checkpoint.tmp").exists()
+    assert torch.load(checkpoint.latest(tmp_path) / "state.pt", weights_only=False)["step"] == 1

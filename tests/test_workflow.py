@@ -97,6 +97,16 @@ def test_invalid_config_stops_naming_the_problem(tmp_path, edit, named):
     assert named in proc.stdout + proc.stderr
 
 
+def test_a_learning_rate_in_exponent_notation_is_a_number(tmp_path):
+    """`lr: 1e-4` (YAML 1.1 reads a string) is accepted as the command line accepts it."""
+    path = tmp_path / "config.yaml"
+    text = (ROOT / "config/config.yaml").read_text()
+    assert "\n  lr: 2.0e-3\n" in text
+    path.write_text(text.replace("\n  lr: 2.0e-3\n", "\n  lr: 1e-4\n"))
+    out = dry_run("-p", "--configfile", str(path))
+    assert "lr=0.0001" in out
+
+
 def test_schema_covers_the_trainer_config():
     """Every TrainConfig field is either a config key (`train`) or set per run by the workflow."""
     from bfspo.training.config import TrainConfig

@@ -5,8 +5,9 @@ benchmark's token budget, except where the registry asks for several samples at 
 (AIME'25: 32 samples at T=1, scored by their mean accuracy). Length is the number of generated
 tokens, reasoning and answer, counted with the model's tokenizer up to and including EOS.
 
-Writes DIR/samples.jsonl (one row per response) and then DIR/summary.json, last: a summary.json
-exists only for a finished run (any earlier one is removed when a run starts).
+Writes DIR/samples.jsonl (one row per response) and then DIR/summary.json, last, each atomically:
+an earlier run's files stay in place until the new ones replace them. One process at a time may
+write DIR (bfspo.runlock).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.rollout import make_engine
 from bfspo.rollout.base import Completion, RolloutEngine
+from bfspo import runlock
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl, write_json, write_jsonl
 from bfspo.evaluation.metrics import bootstrap_ci
@@ -148,8 +150,11 @@ def log_to_wandb(summary: dict, args) -> None:
 
 
 def run(args) -> int:
-    for stale in ("summary.json", "samples.jsonl"):
-        (args.out_dir / stale).unlink(missing_ok=True)
+    with runlock.hold(args.out_dir, "evaluate"):
+        return evaluate(args)
+
+
+def evaluate(args) -> int:
     benchmark = get_benchmark(args.benchmark)
     meta = parse_meta(args.meta)
     budget = benchmark.eval_budget if args.budget is None else args.budget

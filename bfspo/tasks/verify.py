@@ -6,7 +6,10 @@ there is one; otherwise the text after the last "the answer is" / "final answer 
 compared with math-verify (gold first). math-verify's own timeout uses SIGALRM, which only works
 in the main thread, so it is switched off and every comparison runs instead in a persistent child
 process that is killed and replaced when it misses its deadline: a pathological answer such as
-`9^{9^{9^{9}}}` costs at most `timeout` seconds, from any thread or process.
+`9^{9^{9^{9}}}` costs at most `timeout` seconds, from any thread or process. Each calling thread
+gets a worker of its own (a pool grows to the number of concurrent callers), so the deadline holds
+per call, and a worker dies with the process that started it. Extraction runs in the caller and
+is linear in the response's length.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -32,7 +36,7 @@ MAX_ANSWER_CHARS = 1000  # longer "answers" are never correct and are not parsed
 # ---------------------------------------------------------------- extraction
 
 _ANCHOR = re.compile(
-    r"(?:(?:the|final)\s+answer\s+is|answer\s*\**\s*:|####|^\s*A\s*:)\s*",
+    r"(?:(?:the|final)\s+answer\s+is|answer\s*(?:\*+\s*)?:|####|^[ \t]*A[ \t]*:)\s*",
     re.IGNORECASE | re.MULTILINE,
 )
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+(?:\.\d+)?)?|-?\.\d+")
@@ -169,6 +173,8 @@ def is_correct(benchmark: str | Benchmark, response: str, gold: str, *, timeout:
     aime: integer equality; mmlu: the same letter.
     """
     kind = get_benchmark(benchmark).kind
+    if not isinstance(response, str) or not isinstance(gold, str):
+        return False
     ans = extract_answer(benchmark, response)
     if ans is None or len(ans) > MAX_ANSWER_CHARS:
         return False
@@ -204,11 +210,12 @@ def math_equal(gold: str, answer: str, *, timeout: float = VERIFY_TIMEOUT_S) -> 
 
 @lru_cache(maxsize=1 << 16)
 def _verify_cached(gold: str, answer: str, timeout: float) -> bool:
-    return _worker().verify(gold, answer, timeout)
+    return _pool().verify(gold, answer, timeout)
 
 
 class _VerifyWorker:
-    """A persistent child process that runs math-verify; one request at a time, under a lock.
+    """A persistent child process that runs math-verify; one request at a time, under a lock (the
+    pool hands a worker to one caller at a time).
 
     The child speaks JSON lines: it reads `[gold, answer]` and writes `true` or `false`. A request
     that misses its deadline kills the child; the next request starts a fresh one.
@@ -221,18 +228,22 @@ class _VerifyWorker:
 
     def verify(self, gold: str, answer: str, timeout: float) -> bool:
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._start()
-            try:
-                self._proc.stdin.write((json.dumps([gold, answer]) + "\n").encode())
-                self._proc.stdin.flush()
-                reply = self._read_line(time.monotonic() + timeout)
-            except OSError:
-                reply = None
-            if reply is None:
+            for _ in range(2):  # a worker that died before its deadline (see _die_with_parent) is replaced once
+                if self._proc is None or self._proc.poll() is not None:
+                    self._start()
+                deadline = time.monotonic() + timeout
+                try:
+                    self._proc.stdin.write((json.dumps([gold, answer]) + "\n").encode())
+                    self._proc.stdin.flush()
+                    reply = self._read_line(deadline)
+                except OSError:
+                    reply = None
+                if reply is not None:
+                    return json.loads(reply) is True
                 self.close()
-                return False
-            return json.loads(reply) is True
+                if time.monotonic() >= deadline:
+                    return False
+            return False
 
     def _start(self):
         env = dict(os.environ)
@@ -240,7 +251,7 @@ class _VerifyWorker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self._buffer = b""
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", "from bfspo.tasks.verify import serve_verifier; serve_verifier()"],
+            [sys.executable, "-c", f"from bfspo.tasks.verify import serve_verifier; serve_verifier({os.getpid()})"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
         )
         if self._read_line(time.monotonic() + WORKER_START_TIMEOUT_S) != "ready":
@@ -270,30 +281,63 @@ class _VerifyWorker:
             self._proc = None
 
 
-_WORKER: _VerifyWorker | None = None
-_WORKER_LOCK = threading.Lock()
+class _WorkerPool:
+    """Idle workers; a caller takes one (or starts one when none is idle) and gives it back, so no
+    call waits behind another's pathological answer."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle: list[_VerifyWorker] = []
+
+    def verify(self, gold: str, answer: str, timeout: float) -> bool:
+        with self._lock:
+            worker = self._idle.pop() if self._idle else _VerifyWorker()
+        try:
+            return worker.verify(gold, answer, timeout)
+        finally:
+            with self._lock:
+                self._idle.append(worker)
 
 
-def _worker() -> _VerifyWorker:
-    global _WORKER
-    with _WORKER_LOCK:
-        if _WORKER is None:
-            _WORKER = _VerifyWorker()
-        return _WORKER
+_POOL: _WorkerPool | None = None
+_POOL_LOCK = threading.Lock()
 
 
-def _forget_worker_in_child():
-    """A forked child must not share its parent's worker (nor a lock some parent thread held)."""
-    global _WORKER, _WORKER_LOCK
-    _WORKER, _WORKER_LOCK = None, threading.Lock()
+def _pool() -> _WorkerPool:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = _WorkerPool()
+        return _POOL
 
 
-os.register_at_fork(after_in_child=_forget_worker_in_child)
+def _forget_workers_in_child():
+    """A forked child must not share its parent's workers (nor a lock some parent thread held)."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
 
 
-def serve_verifier() -> None:
+os.register_at_fork(after_in_child=_forget_workers_in_child)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when its parent goes (Linux's PR_SET_PDEATHSIG), even in the
+    middle of a computation; exit now if the parent is already gone. Strictly, the signal comes when
+    the parent's thread that started the worker ends: a worker found dead is started again."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def serve_verifier(parent: int) -> None:
     """The worker's main loop (run in the child): math-verify with its SIGALRM timeouts disabled."""
     import logging
+
+    _die_with_parent(parent)
 
     logging.disable(logging.CRITICAL)  # math-verify logs every expression it cannot parse
     from math_verify import parse, verify

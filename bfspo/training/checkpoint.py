@@ -3,11 +3,15 @@
 A checkpoint is a folder `checkpoint/` in the run directory holding the LoRA adapter (peft's
 format) and `state.pt` (optimizer state, step, data cursor, RNG states). It is written as
 `checkpoint.tmp/`, then swapped in by renames; a crash at any point leaves either the previous
-checkpoint or the new one in place, never a partial one that looks complete.
+checkpoint or the new one in place, never a partial one that looks complete. Its marker file
+`COMPLETE` is a manifest of the SHA-256 of every other file, checked before resuming: a damaged or
+hand-edited checkpoint is named, never loaded silently.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import shutil
 from pathlib import Path
@@ -15,22 +19,31 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bfspo.errors import BfspoError
+
 NAME = "checkpoint"
+MARKER = "COMPLETE"
 
 
 def save(run_dir: Path, model, optimizer, state: dict) -> None:
     """Write checkpoint.tmp/, then rename it to checkpoint/ (the old one goes to checkpoint.old/ first)."""
     tmp, final, old = run_dir / f"{NAME}.tmp", run_dir / NAME, run_dir / f"{NAME}.old"
-    if not final.exists() and (old / "COMPLETE").is_file():  # an earlier save died mid-swap: restore it first
+    if not final.exists() and (old / MARKER).is_file():  # an earlier save died mid-swap: restore it first
         old.rename(final)
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / "adapter")
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save({"optimizer": optimizer.state_dict(), "rng": rng, **state}, tmp / "state.pt")
-    (tmp / "COMPLETE").write_text("ok\n")
+    try:
+        tmp.mkdir(parents=True)
+        model.save_pretrained(tmp / "adapter")
+        torch.save({"optimizer": optimizer.state_dict(), "rng": rng, **state}, tmp / "state.pt")
+        (tmp / MARKER).write_text(json.dumps({"sha256": checksums(tmp)}, indent=1) + "\n")
+    except (OSError, RuntimeError) as e:  # a full disk reaches torch.save as "unexpected pos ..."
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(run_dir).free
+        raise BfspoError(f"{tmp}: writing the checkpoint failed ({str(e).splitlines()[0]}); {free / 2**20:.0f} MiB "
+                         "of disk space left there (the previous checkpoint is kept)") from None
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
@@ -38,13 +51,45 @@ def save(run_dir: Path, model, optimizer, state: dict) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def checksums(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file under `folder` but the marker, by path relative to it."""
+    out = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER):
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        out[path.relative_to(folder).as_posix()] = digest.hexdigest()
+    return out
+
+
 def latest(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint folder (checkpoint/, or checkpoint.old/ after a crash mid-swap)."""
+    """The newest complete checkpoint folder (checkpoint/, or checkpoint.old/ after a crash mid-swap).
+
+    checkpoint/ only ever appears by a rename of a complete folder, so one without its marker was
+    damaged by hand: an error, rather than a silent restart from step 0."""
+    if (run_dir / NAME).is_dir() and not (run_dir / NAME / MARKER).is_file():
+        raise BfspoError(f"{run_dir / NAME}: a checkpoint without its {MARKER} marker; delete that folder to "
+                         "restart the run from step 0")
     for name in (NAME, f"{NAME}.old"):
         path = run_dir / name
-        if (path / "COMPLETE").is_file():
+        if (path / MARKER).is_file():
             return path
     return None
+
+
+def verify(path: Path) -> None:
+    """Check the checkpoint's files against its manifest (checkpoints written before manifests pass)."""
+    try:
+        manifest = json.loads((path / MARKER).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return
+    expected = manifest.get("sha256", {}) if isinstance(manifest, dict) else {}
+    found = checksums(path)
+    bad = sorted(name for name in expected if found.get(name) != expected[name])
+    if bad:
+        raise BfspoError(f"{path}: {', '.join(bad)} missing or changed since the checkpoint was written (checksum "
+                         f"mismatch); delete {path} to restart the run from step 0")
 
 
 def load(path: Path, model, optimizer) -> dict:
@@ -52,8 +97,18 @@ def load(path: Path, model, optimizer) -> dict:
     from peft import set_peft_model_state_dict
     from peft.utils import load_peft_weights
 
-    set_peft_model_state_dict(model, load_peft_weights(str(path / "adapter"), device="cpu"))
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    verify(path)
+    try:
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise BfspoError(f"{path / 'state.pt'}: unreadable ({str(e).splitlines()[0]}); delete {path} to restart "
+                         "the run from step 0") from None
+    try:
+        weights = load_peft_weights(str(path / "adapter"), device="cpu")
+    except Exception as e:
+        raise BfspoError(f"{path / 'adapter'}: unreadable ({str(e).splitlines()[0]}); delete {path} to restart "
+                         "the run from step 0") from None
+    set_peft_model_state_dict(model, weights)
     optimizer.load_state_dict(state.pop("optimizer"))
     rng = state.pop("rng")
     random.setstate(rng["python"])

@@ -28,6 +28,21 @@ OBSERVATION_FIELDS = frozenset({"threads", "save_every", "log_trees", "wandb_pro
                                 "run_name"})
 
 
+# The float fields: what a valid value is (NaN fails every comparison, so it is refused too).
+_NUMBER_BOUNDS = {
+    "lr": (lambda v: v > 0, "> 0"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    "max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
+    "eps_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "eps_high": (lambda v: v >= 0, ">= 0"),
+    "lora_dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "temperature": (lambda v: v > 0, "> 0"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "oversample": (lambda v: v >= 1, ">= 1 (questions generated per question needed)"),
+}
+
+
 @dataclass
 class TrainConfig:
     """One training run: one model, one training set, one method (DAPO = k 0, BFS-PO, or an ablation)."""
@@ -108,6 +123,14 @@ class TrainConfig:
     run_name: str | None = field(default=None, metadata={"help": "Run name (default: the output directory's name)."})
 
     def __post_init__(self):
+        if isinstance(self.lora_target_modules, str):  # `lora_target_modules=q_proj` or `q_proj,v_proj`
+            self.lora_target_modules = [m.strip() for m in self.lora_target_modules.split(",") if m.strip()]
+        for name in ("model", "train_data", "benchmark"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
+                raise BfspoError(f"config: {name} must be a non-empty string, got {getattr(self, name)!r}")
+        modules = self.lora_target_modules
+        if not isinstance(modules, list) or not modules or not all(isinstance(m, str) and m for m in modules):
+            raise BfspoError(f"config: lora_target_modules must be a non-empty list of module names, got {modules!r}")
         choices = {"selection": ("bfs", "entropy"), "advantage": ("branch", "global"),
                    "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled"),
                    "batch_unit": ("chains", "prompts"), "overlong_window": ("paper", "dapo")}
@@ -115,12 +138,17 @@ class TrainConfig:
             if getattr(self, name) not in allowed:
                 raise BfspoError(f"config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
         positive = ["group_size", "budget", "steps", "train_batch", "mini_batch", "max_gen_rounds",
-                    "max_empty_steps", "lora_r", "rollout_batch_size", "tensor_parallel_size", "save_every"]
+                    "max_empty_steps", "lora_r", "lora_alpha", "rollout_batch_size", "tensor_parallel_size", "save_every"]
         for name in positive:
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise BfspoError(f"config: {name} must be a positive integer, got {getattr(self, name)!r}")
-        if not isinstance(self.k, int) or self.k < 0:
-            raise BfspoError(f"config: k must be an integer >= 0, got {self.k!r}")
+        for name in ("k", "threads", "seed", "max_nonfinite"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
+                raise BfspoError(f"config: {name} must be an integer >= 0, got {getattr(self, name)!r}")
+        for name, (ok, bounds) in _NUMBER_BOUNDS.items():
+            value = getattr(self, name)
+            if not _is_number(value) or not ok(value):
+                raise BfspoError(f"config: {name} must be a number {bounds}, got {value!r}")
         if self.budget < 5:
             raise BfspoError(f"config: budget must be at least 5 tokens (L_cache = budget/5), got {self.budget}")
         if self.train_batch % self.mini_batch:
@@ -129,11 +157,6 @@ class TrainConfig:
         if self.max_gen_rounds > 64:
             raise BfspoError(f"config: max_gen_rounds must be at most 64 (the rollout seeds leave room for 64 "
                              f"rounds per step), got {self.max_gen_rounds}")
-        if not isinstance(self.oversample, (int, float)) or isinstance(self.oversample, bool) or self.oversample < 1:
-            raise BfspoError(f"config: oversample must be a number >= 1 (questions generated per question "
-                             f"needed), got {self.oversample!r}")
-        if not 0 < self.top_p <= 1 or self.temperature <= 0:
-            raise BfspoError(f"config: need temperature > 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
 
     @property
     def chains_per_unit(self) -> int:
@@ -163,6 +186,14 @@ class TrainConfig:
         return asdict(self)
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # YAML's `true` is no K=1
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def parse_overrides(pairs: list[str]) -> dict:
     """`key=value` strings -> dict, values parsed as YAML scalars (true, 3, 1e-6, [a, b], null)."""
     out = {}
@@ -170,7 +201,10 @@ def parse_overrides(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise BfspoError(f"override {pair!r} is not of the form key=value")
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise BfspoError(f"override {pair!r}: the value is not valid YAML ({e.problem})") from None
     return out
 
 
@@ -181,7 +215,10 @@ def load_config(path: str | None, overrides: list[str]) -> TrainConfig:
         p = Path(path)
         if not p.is_file():
             raise BfspoError(f"{path}: no such config file")
-        loaded = yaml.safe_load(p.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise BfspoError(f"{path}: not a valid YAML file ({str(e).strip()})") from None
         if not isinstance(loaded, dict):
             raise BfspoError(f"{path}: a config must be a YAML mapping of TrainConfig fields")
         values.update(loaded)

@@ -19,11 +19,13 @@ written last, done.json. Running the same command again resumes from the last ch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
 import resource
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from bfspo import runlock
 from bfspo.training import batching, checkpoint, dist
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
 from bfspo.training.config import OBSERVATION_FIELDS, TrainConfig, load_config
@@ -58,9 +61,10 @@ def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None) -> li
     get_benchmark(cfg.benchmark)
     questions = []
     for lineno, row in read_jsonl(cfg.train_data):
-        missing = [k for k in ("id", "question", "answer") if k not in row]
+        missing = [k for k in ("id", "question", "answer")
+                   if not isinstance(row.get(k), (str, int)) or isinstance(row[k], bool) or str(row[k]).strip() == ""]
         if missing:
-            raise BfspoError(f"{cfg.train_data}:{lineno}: missing field(s) {', '.join(missing)}")
+            raise BfspoError(f"{cfg.train_data}:{lineno}: missing or empty field(s) {', '.join(missing)}")
         ids = prompt_ids(tokenizer, cfg.benchmark, row["question"])
         if max_positions is not None and len(ids) + cfg.budget > max_positions:
             raise BfspoError(f"{cfg.train_data}:{lineno}: the prompt ({len(ids)} tokens) plus the budget "
@@ -279,6 +283,8 @@ class Trainer:
         dist.barrier()
 
     def fit(self) -> None:
+        """Train to `cfg.steps`. SIGTERM (Slurm's time limit, scancel) ends the run after the current
+        step with a checkpoint of it, and exit status 143; a second SIGTERM kills at once."""
         from bfspo import tracking
 
         cfg = self.cfg
@@ -288,27 +294,42 @@ class Trainer:
                              enabled=self.rank == 0)
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
                    disable=self.rank != 0)
-        while self.step < cfg.steps:
-            self.step += 1
-            t0 = time.perf_counter()
-            batch, generated, roll = self.rollout()
-            t1 = time.perf_counter()
-            if dist.sum_scalar(len(batch)) == 0:
-                self.empty_steps += 1
-                if self.empty_steps >= cfg.max_empty_steps:
-                    raise BfspoError(f"step {self.step}: every tree of the last {self.empty_steps} batches was "
-                                     "filtered out (all answers right or all wrong); the data gives no signal "
-                                     "for this model")
-                upd = {"loss": float("nan"), "optimizer_steps": 0, "nonfinite": self.nonfinite}
-            else:
-                self.empty_steps = 0
-                upd = self.update(batch)
-            t2 = time.perf_counter()
-            self.log_step(roll, upd, generated, t1 - t0, t2 - t1, run)
-            if self.step % cfg.save_every == 0 or self.step == cfg.steps:
-                self.save_checkpoint()
-            bar.update(1)
-            bar.set_postfix(acc=f"{roll['accuracy']:.2f}", len=f"{roll['len_mean']:.0f}")
+        terminated = []
+
+        def on_sigterm(signum, frame):
+            terminated.append(signum)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+        try:
+            while self.step < cfg.steps:
+                self.step += 1
+                t0 = time.perf_counter()
+                batch, generated, roll = self.rollout()
+                t1 = time.perf_counter()
+                if dist.sum_scalar(len(batch)) == 0:
+                    self.empty_steps += 1
+                    if self.empty_steps >= cfg.max_empty_steps:
+                        raise BfspoError(f"step {self.step}: every tree of the last {self.empty_steps} batches was "
+                                         "filtered out (all answers right or all wrong); the data gives no signal "
+                                         "for this model")
+                    upd = {"loss": float("nan"), "optimizer_steps": 0, "nonfinite": self.nonfinite}
+                else:
+                    self.empty_steps = 0
+                    upd = self.update(batch)
+                t2 = time.perf_counter()
+                self.log_step(roll, upd, generated, t1 - t0, t2 - t1, run)
+                stop = dist.sum_scalar(len(terminated)) > 0  # every rank stops at the same step
+                if self.step % cfg.save_every == 0 or self.step == cfg.steps or stop:
+                    self.save_checkpoint()
+                bar.update(1)
+                bar.set_postfix(acc=f"{roll['accuracy']:.2f}", len=f"{roll['len_mean']:.0f}")
+                if stop:
+                    tqdm.write(f"SIGTERM: stopped after step {self.step}, checkpoint saved; "
+                               "the same command resumes the run")
+                    raise SystemExit(128 + signal.SIGTERM)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         bar.close()
         if self.rank == 0:
             self.finish()
@@ -345,7 +366,12 @@ class Trainer:
         return [self.tokenizer.decode([i]) for i in ids]
 
     def finish(self) -> None:
-        """The final adapter (through a temporary folder), then done.json last."""
+        """The final adapter (through a temporary folder), then done.json last; a run in which no
+        optimizer step was taken is an error, not a finished run."""
+        rows = [r for _, r in read_jsonl(self.run_dir / "metrics.jsonl")]
+        if not any(r.get("optimizer_steps") for r in rows):
+            raise BfspoError(f"{self.run_dir}: no optimizer step in {self.step} steps (every batch was filtered "
+                             "out or skipped), so nothing was trained; check the budget, the data and the model")
         final, tmp = self.run_dir / "adapter", self.run_dir / "adapter.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         self.model.save_pretrained(tmp)
@@ -356,11 +382,12 @@ class Trainer:
 
 
 def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> bool:
-    """Create the run directory and record the config; False if the run already finished.
+    """Check the run directory against the config; False if the run already finished.
 
     Resuming with a different config is an error, since the checkpoint would not match the command,
     unless only OBSERVATION_FIELDS differ (W&B group, checkpoint period, ...): then the new values
-    are recorded and the run resumes.
+    are recorded and the run resumes. config.json is written by `run` only once the model and data
+    have loaded, so a start that fails on them leaves no config to refuse the corrected command.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / "done.json").exists():
@@ -372,7 +399,6 @@ def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> bool:
         if diff:
             raise BfspoError(f"{run_dir} holds a run with a different config ({', '.join(diff)}); "
                              "use another --output-dir or delete it")
-    write_json(saved, new)
     return True
 
 
@@ -387,12 +413,16 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     run_dir = Path(args.output_dir)
     rank, _ = dist.setup()
-    fresh = prepare_run_dir(cfg, run_dir) if rank == 0 else True
-    if not dist.gather(fresh)[0]:
-        print(f"{run_dir}: already finished (done.json exists)")
-        return 0
-    try:
-        Trainer(cfg, run_dir).fit()
-    finally:
-        dist.teardown()
+    with runlock.hold(run_dir, "train") if rank == 0 else contextlib.nullcontext():
+        fresh = prepare_run_dir(cfg, run_dir) if rank == 0 else True
+        if not dist.gather(fresh)[0]:
+            print(f"{run_dir}: already finished (done.json exists)")
+            return 0
+        try:
+            trainer = Trainer(cfg, run_dir)
+            if rank == 0:
+                write_json(run_dir / "config.json", cfg.to_dict())
+            trainer.fit()
+        finally:
+            dist.teardown()
     return 0

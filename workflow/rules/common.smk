@@ -16,6 +16,21 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 
+_EXPONENT_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _read_exponent_numbers(block):
+    """PyYAML (YAML 1.1) reads `1e-4`, without a dot, as a string; `bfspo train --set lr=1e-4` reads
+    a number, and so do the trainer settings of the config."""
+    for key, value in (block or {}).items():
+        if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value):
+            block[key] = float(value)
+
+
+_read_exponent_numbers(config.get("train"))
+for _method in (config.get("methods") or {}).values():
+    if isinstance(_method, dict):
+        _read_exponent_numbers(_method.get("train"))
 validate(config, schema="../schemas/config.schema.yaml")
 
 # Conda environment of every rule (`--sdm conda`); without it the rules use the active venv.
