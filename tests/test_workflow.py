@@ -237,11 +237,13 @@ def test_test_config_runs_end_to_end(tmp_path):
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
 
-    table = pd.read_csv(tmp_path / "results/tables/toy-test-ablation.csv", dtype=str, keep_default_na=False)
-    assert table["Method"].tolist() == ["Zero-shot", "DAPO", "BFS-PO", "BFS-PO", "BFS-PO", "w/o BFS", "Global Adv.", "w/o R_l"]
-    assert table["K"].tolist() == ["-", "0", "1", "2", "3", "3", "3", "3"] and set(table["Source"]) == {"ours"}
-    for col in ("Toy (in-domain) Acc.", "Toy-OOD (out-of-domain) Avg. Len."):
-        assert all(re.fullmatch(r"\d+(\.\d)?", v) for v in table[col]), table[col]
+    table = pd.read_csv(tmp_path / "results/tables/toy-test-ablation.csv", keep_default_na=False)
+    rows = table.drop_duplicates(["Method", "K"])
+    assert rows["Method"].tolist() == ["Zero-shot", "DAPO", "BFS-PO", "BFS-PO", "BFS-PO", "w/o BFS", "Global Adv.", "w/o R_l"]
+    assert rows["K"].astype(str).tolist() == ["-", "0", "1", "2", "3", "3", "3", "3"] and set(table["Source"]) == {"ours"}
+    acc = table[table.metric == "acc"]
+    assert len(acc) == 16 and acc["mean"].between(0, 100).all() and (acc["n_seeds"] == 1).all()
+    assert (acc["ci_low"] <= acc["mean"]).all() and (acc["mean"] <= acc["ci_high"]).all()
     for run_id in ("dapo", "bfspo-k1", "bfspo-k2", "bfspo", "no-bfs", "global-adv", "no-overlong"):
         assert (tmp_path / f"results/runs/toy-test_toy_{run_id}_s0/adapter").is_dir()
     figures = {p.name for p in (tmp_path / "results/figures/toy-test-ablation").iterdir()}
