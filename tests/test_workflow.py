@@ -102,7 +102,8 @@ def test_schema_covers_the_trainer_config():
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
     in_schema = set(schema["$defs"]["train"]["properties"])
     per_run = {"model", "train_data", "benchmark", "budget", "k", "selection", "advantage", "overlong", "seed",
-               "tensor_parallel_size", "wandb_project", "wandb_group", "wandb_mode", "run_name"}
+               "tensor_parallel_size", "wandb_project", "wandb_group", "wandb_mode", "run_name", "method_key",
+               "model_label", "tables"}
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     assert in_schema <= fields, in_schema - fields
     assert per_run <= fields, per_run - fields
@@ -254,3 +255,19 @@ def test_test_config_runs_end_to_end(tmp_path):
     again = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", "config/test.yaml"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_every_run_is_tagged_with_each_table_that_shows_it():
+    """Table 2 (gsm8k) shares Qwen2.5-3B's DAPO and BFS-PO runs with Table 1 (ablation): their W&B
+    group is one table's, but their tags name both, so a filter on table:gsm8k shows all of Table 2."""
+    out = dry_run("-p", "--configfile", "config/paper.yaml")
+    commands = {re.search(r"--output-dir (\S+)", text).group(1).rsplit("/", 1)[1]: text
+                for rule, text in jobs(out) if rule == "train"}
+    for method in ("dapo", "bfspo"):
+        text = commands[f"qwen2.5-3b_gsm8k_{method}_s0"]
+        assert f"method_key={method}" in text and "model_label=Qwen2.5-3B-Instruct" in text
+        tables = json.loads(re.search(r"'tables=(\[.*?\])'", text).group(1))
+        assert {"ablation", "gsm8k"} <= set(tables)
+    assert "'tables=[\"ablation\"]'" in commands["qwen2.5-3b_gsm8k_no-bfs_s0"]
+    evals = [text for rule, text in jobs(out) if rule == "evaluate" and "--run-name qwen2.5-3b_zero-shot_eval_gsm8k" in text]
+    assert len(evals) == 1 and re.search(r"tables=\S*gsm8k", evals[0]) and "model_label=Qwen2.5-3B-Instruct" in evals[0]
