@@ -225,15 +225,52 @@ def test_seeds_multiply_the_runs_not_the_zero_shot(tmp_path):
 # ---- the test config, for real -----------------------------------------------------------------
 
 
+def check_offline_wandb_runs(results: Path, env: dict) -> None:
+    """Every run of the DAG is listed by `bfspo sync --list` and tagged table:toy-test-ablation;
+    every training step logged each section once."""
+    from bfspo.reporting.sync import offline_runs
+    from tests.helpers.wandb_offline import read_offline_run
+
+    listed = subprocess.run([sys.executable, "-m", "bfspo.cli", "sync", str(results), "--list"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    found = [Path(line) for line in listed.stdout.splitlines()]
+    assert found == offline_runs(results)
+    trained = sorted(p.name for p in (results / "runs").iterdir())
+    evaluated = sorted(f"{r.name}/{b.name}" for r in (results / "eval").iterdir() for b in r.iterdir())
+    assert sorted(p.parents[1].name for p in found if p.parents[2].name == "runs") == trained
+    assert sorted(f"{p.parents[2].name}/{p.parents[1].name}" for p in found if p.parents[3].name == "eval") == evaluated
+    assert [p.parents[1].name for p in found if p.parents[2].name == "wandb"] == ["report-toy-test-ablation"]
+    for path in found:
+        record = read_offline_run(path)
+        tags, job = record["run"]["tags"], record["run"]["job_type"]
+        assert "table:toy-test-ablation" in tags, (path, tags)
+        if job == "report":
+            assert record["run"]["display_name"] == "toy-test-ablation"
+            continue
+        assert "model:Toy-Qwen2 (test size)" in tags and any(t.startswith("method:") for t in tags), (path, tags)
+        if job == "eval":
+            assert {"eval/accuracy", "eval/accuracy_ci_low", "eval/samples._type"} <= set(record["summary"])
+            continue
+        assert "seed:0" in tags and record["run"]["config"]["update"]["tables"] == ["toy-test-ablation"]
+        assert [h["step"] for h in record["history"]] == [1, 2]
+        for section in ("rollout/accuracy", "tree/backtracks", "advantage/zero_frac", "train/grad_norm", "train/lr",
+                        "timing/update_s"):
+            assert all(section in h for h in record["history"]), (path, section)
+
+
 @pytest.mark.slow
 def test_test_config_runs_end_to_end(tmp_path):
-    """config/test.yaml, the toy DAG at its smallest, from data generation to the report (2-3 min)."""
+    """config/test.yaml, the toy DAG at its smallest, from data generation to the report (2-3 min),
+    with W&B offline: `bfspo sync --list` finds every run, which wandb's reader shows tagged with
+    its tables, and each training step carries the sectioned metrics."""
     for name in ("Snakefile", "workflow", "config", "environment.yml"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
     (tmp_path / "data").mkdir()
     shutil.copy(ROOT / "data/reported_results.csv", tmp_path / "data")
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="disabled")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="offline",
+               WANDB_SILENT="true")
     run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config/test.yaml"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
@@ -251,6 +288,7 @@ def test_test_config_runs_end_to_end(tmp_path):
     assert {"pareto_toy_toy.png", "pareto_toy_toy_ood.pdf", "curves_toy-test_toy.png"} <= figures
     assert json.loads((tmp_path / "results/report/toy-test-ablation.json").read_text())["group"] == "toy-test-ablation"
     assert (tmp_path / "results/tables/aes_consistency.md").is_file()
+    check_offline_wandb_runs(tmp_path / "results", env)
 
     again = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", "config/test.yaml"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
