@@ -48,6 +48,13 @@ def log(run, row: dict, step: int | None = None) -> None:
         run.log(row, step=step)
 
 
+def table(df):
+    """A pandas DataFrame as a wandb.Table, to log like a metric."""
+    import wandb
+
+    return wandb.Table(dataframe=df)
+
+
 def finish(run) -> None:
     if run is not None:
         run.finish()

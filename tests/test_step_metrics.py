@@ -38,10 +38,30 @@ def test_tree_stats_of_figure1():
     (tree,) = build_trees(ScriptedEngine(figure1_script()), [Q], [correct], group_size=4, k=1, budget=16, seed=5)
     assign_rewards(tree, overlong=True)
     assign_advantages(tree, "branch")
-    stats = step_metrics.tree_stats([tree], budget=16)
+    stats = step_metrics.tree_stats([tree])
     adv = step_metrics.token_advantages(tree)
     assert len(adv) == tree.n_tokens
     assert stats["adv_zero_frac"] == pytest.approx(sum(a == 0 for a in adv) / len(adv))
     assert stats["branching_nodes"] == 2  # the root (4 first samples) and the backtracking point (4 expansions)
     assert stats["tied_branching_nodes"] == 0 and stats["cutoff_frac"] == 0.0 and stats["accuracy_std"] == 0.5
     assert stats["tree_depth_mean"] == max(tree.segments[i].end for i in tree.leaves())
+
+
+def test_sample_table_renders_the_first_trees_as_bfspo_tree_show_does():
+    from bfspo.algorithm.advantages import assign_advantages, assign_rewards
+    from bfspo.algorithm.search import build_trees
+    from bfspo.reporting.tree_show import render_tree
+    from bfspo.training.samples import sample_table
+    from tests.test_search import Q, ScriptedEngine, correct, figure1_script
+
+    trees = build_trees(ScriptedEngine(figure1_script()), [Q, Q], [correct, correct], group_size=4, k=1, budget=16)
+    for i, tree in enumerate(trees):
+        assign_rewards(tree, overlong=True)
+        assign_advantages(tree, "branch")
+        tree.meta["question_id"] = f"q{i}"
+    dicts = [t.to_dict() for t in trees]
+    table = sample_table(dicts, step=7, n=1)
+    assert table.to_dict("records") == [{
+        "step": 7, "question_id": "q0", "leaves": len(trees[0].leaves()), "correct": trees[0].n_correct,
+        "best_length": dicts[0]["best"]["length"], "backtracks": len(trees[0].backtracking),
+        "tree": render_tree(dicts[0], title="step 7, question q0")}]

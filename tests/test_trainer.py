@@ -114,6 +114,8 @@ def test_resume_after_kill(tiny_model_dir, train_data, tmp_path):
     logged = [h["step"] for f in fragments for h in f["history"]]
     assert logged == [1, 2, 3, 4, 5]
     assert all(k in h for f in fragments for h in f["history"] for k in ("train/loss", "rollout/accuracy", "timing/rollout_s"))
+    # each checkpoint's last row carries a table of sample trees
+    assert [h["step"] for f in fragments for h in f["history"] if "rollout/samples._type" in h] == [2, 4, 5]
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / "adapter")
 
 

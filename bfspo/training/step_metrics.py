@@ -63,7 +63,7 @@ def _std(xs) -> float:
     return float(np.std(xs)) if len(xs) else float("nan")
 
 
-def tree_stats(trees: list, budget: int) -> dict:
+def tree_stats(trees: list) -> dict:
     """Spread, cut-off fraction, tree shape and advantage statistics of one rank's generated trees."""
     first = [t.segments[i].leaf for t in trees for i in t.leaves() if t.segments[i].iteration == 0]
     branching = [[t.segments[c].advantage for c in t.children_of(s)]
@@ -73,7 +73,7 @@ def tree_stats(trees: list, budget: int) -> dict:
         "reward_std": _std([leaf.reward for leaf in first]),
         "accuracy_std": _std([leaf.correct for leaf in first]),
         "len_std": _std([leaf.length for leaf in first]),
-        "cutoff_frac": _mean([not leaf.finished and leaf.length >= budget for leaf in first]),
+        "cutoff_frac": _mean([not leaf.finished for leaf in first]),
         "tree_depth_mean": _mean([max(t.segments[i].end for i in t.leaves()) for t in trees if t.leaves()]),
         "branching_nodes": len(branching),
         "tied_branching_nodes": sum(len(set(a)) == 1 for a in branching),

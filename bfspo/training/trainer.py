@@ -34,6 +34,7 @@ from tqdm import tqdm
 from bfspo.training import checkpoint, dist, step_metrics
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
 from bfspo.training.config import OBSERVATION_FIELDS, TrainConfig, load_config
+from bfspo.training.samples import sample_table
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text, read_json, read_jsonl, write_json
 from bfspo.algorithm.loss import policy_loss
@@ -356,7 +357,7 @@ class Trainer:
         """
         from bfspo import tracking
 
-        ranks = dist.gather(roll | step_metrics.tree_stats(generated, self.cfg.budget))
+        ranks = dist.gather(roll | step_metrics.tree_stats(generated))
         stats = step_metrics.merge_ranks(ranks) | upd
         old_s = upd.get("old_logprobs_s", 0.0)
         stats.update(lr=self.optimizer.param_groups[0]["lr"], rollout_s=t_roll, update_s=t_train - old_s,
@@ -375,6 +376,9 @@ class Trainer:
                                   "".join(line + "\n" for line in lines))
             self.wandb_pending.append(row)
             if self.checkpoint_due():
+                samples = [t for part in trees for t in part]
+                if samples and run is not None:  # the last row of the flush carries the step's sample trees
+                    self.wandb_pending[-1] = row | {"rollout/samples": tracking.table(sample_table(samples, self.step))}
                 for pending in self.wandb_pending:
                     tracking.log(run, pending, step=pending["step"])
                 self.wandb_pending = []
