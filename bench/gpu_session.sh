@@ -74,7 +74,8 @@ print("| run | benchmark | accuracy | avg length | finished |\n|---|---|---|---|
 for s in sorted(work.glob("eval/*/*/summary.json")):
     d = json.loads(s.read_text())
     print(f"| {s.parent.parent.name} | {d['benchmark']} | {d['accuracy']} | {d['avg_length']:.1f} | {d['finished_fraction']} |")
-keys = ("rollout_s", "train_s", "rollout_tok_s", "train_tok_s", "tokens_unique", "packing_gain", "peak_mem_gb")
+keys = ("timing/rollout_s", "timing/old_logprobs_s", "timing/update_s", "timing/rollout_tok_s", "timing/train_tok_s",
+        "rollout/tokens_unique", "rollout/packing_gain", "timing/peak_mem_gb")
 print("\n| run | steps | " + " | ".join(f"median {k}" for k in keys) + " |\n|---|---|" + "---|" * len(keys))
 for m in sorted(work.glob("runs/*/metrics.jsonl")):
     rows = [json.loads(line) for line in m.read_text().splitlines()]

@@ -23,6 +23,7 @@ COMMANDS = {
     "figures": ("bfspo.reporting.figures", "draw the Pareto, training-curve and backtracking figures"),
     "tree": ("bfspo.reporting.tree_show", "render logged search trees as text"),
     "report": ("bfspo.reporting.report", "log tables and figures to a W&B report run"),
+    "sync": ("bfspo.reporting.sync", "upload every offline W&B run of a results folder (training, evaluation, report)"),
 }
 
 

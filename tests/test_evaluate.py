@@ -160,3 +160,22 @@ def test_a_second_evaluate_on_the_same_folder_is_refused(tiny_model_dir, tmp_pat
     err = capsys.readouterr().err
     assert "is in use by bfspo evaluate" in err and "pid" in err
     assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_eval_run_has_intervals_in_its_summary_a_samples_table_and_tags(tiny_model_dir, tmp_path, monkeypatch):
+    from bfspo.reporting.sync import offline_runs
+    from tests.helpers.wandb_offline import read_offline_run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    data = write_rows(tmp_path / "gsm8k.jsonl", ROWS)
+    assert evaluate(tiny_model_dir, data, tmp_path / "out", "--limit", "3", "--wandb-project", "bfspo-tests",
+                    "--meta", "method=dapo", "model_label=Tiny", "seed=0", "tables=table2,table3") == 0
+    summary = read_json(tmp_path / "out" / "summary.json")
+    (offline,) = offline_runs(tmp_path / "out")
+    record = read_offline_run(offline)
+    assert record["run"]["tags"] == ["table:table2", "table:table3", "method:dapo", "model:Tiny", "seed:0"]
+    wb = record["summary"]
+    assert wb["eval/accuracy"] == pytest.approx(summary["accuracy"])
+    assert [wb["eval/avg_length_ci_low"], wb["eval/avg_length_ci_high"]] == pytest.approx(summary["avg_length_ci"])
+    assert wb["eval/samples._type"] == "table-file" and wb["eval/samples.nrows"] == 3

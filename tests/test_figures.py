@@ -9,7 +9,8 @@ import pytest
 
 from bfspo.cli import main
 from bfspo.errors import BfspoError
-from bfspo.reporting.figures import backtracking_depths, pareto_front
+from bfspo.reporting.figures import _seed_curves, backtracking_depths, pareto_front
+from bfspo.reporting.style import EMA_ALPHA, PALETTE, ZERO_SHOT_COLOUR, method_colour
 
 SPEC = {
     "name": "abl",
@@ -35,7 +36,8 @@ def write_run(runs_dir: Path, run: str, steps: int, depths: list[tuple[int, int]
     d = runs_dir / run
     (d / "trees").mkdir(parents=True)
     (d / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": s, "reward_mean": 0.1 * s, "accuracy": 0.5 + 0.01 * s, "len_mean": 200 - s}) + "\n"
+        json.dumps({"step": s, "rollout/reward_mean": 0.1 * s, "rollout/accuracy": 0.5 + 0.01 * s,
+                    "rollout/len_mean": 200 - s}) + "\n"
         for s in range(1, steps + 1)))
     tree = {"backtracking": [{"iteration": i, "depth": a, "path_length": b, "entropy": 1.0} for i, (a, b) in enumerate(depths)]}
     (d / "trees" / "step_00001.jsonl").write_text(json.dumps(tree) + "\n" + json.dumps({"backtracking": []}) + "\n")
@@ -94,3 +96,23 @@ def test_a_backtracking_record_without_depth_is_named(tmp_path, capsys):
     (d / "step_00001.jsonl").write_text(json.dumps({"backtracking": [{"iteration": 0}]}) + "\n")
     with pytest.raises(BfspoError, match=r"step_00001.jsonl:1: a backtracking record without a depth"):
         backtracking_depths(tmp_path / "r")
+
+
+def test_each_method_has_one_stable_colour():
+    keys = [f"method{i}" for i in range(10)]
+    by_index = [method_colour({"key": k, "color_index": i}) for i, k in enumerate(keys)]
+    assert len(set(by_index)) == 10 and by_index[0] == PALETTE[0]
+    assert method_colour({"key": "dapo", "color": "tab:red", "color_index": 0}) == "#d62728"
+    assert method_colour({"key": "dapo"}) == method_colour({"key": "dapo"}) in PALETTE
+    assert method_colour({"key": "zero-shot"}) == ZERO_SHOT_COLOUR
+
+
+def test_curves_are_ema_smoothed_per_seed():
+    import pandas as pd
+
+    frames = [pd.DataFrame({"step": [1, 2, 3], "x": [0.0, 1.0, 1.0]}), pd.DataFrame({"step": [1, 2], "x": [1.0, 1.0]})]
+    raw, smooth = _seed_curves(frames, "x")
+    assert raw.index.tolist() == [1, 2, 3] and raw[1].isna().tolist() == [False, False, True]
+    a = EMA_ALPHA  # pandas' adjusted EMA: weights (1 - a)^i, normalised
+    assert smooth.loc[2, 0] == pytest.approx((1.0 + (1 - a) * 0.0) / (1 + (1 - a)))
+    assert smooth[1].dropna().tolist() == [1.0, 1.0]

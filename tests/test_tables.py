@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from bfspo.cli import main
-from bfspo.reporting.tables import fmt
+from bfspo.reporting.tables import Stat, _flat, build_rows, build_table, fmt, load_reported, load_summaries
 
 REPORTED_HEADER = "table,model,train_set,benchmark,domain,method,K,ratio,acc,avg_len,aes\n"
 SPEC = {
@@ -66,16 +66,38 @@ def reported(tmp_path):
 
 
 def build(tmp_path, spec, runs, reported=None) -> pd.DataFrame:
+    """Run `bfspo tables build`; the formatted table, as the MD and TeX files show it."""
     args = ["tables", "build", "--spec", json.dumps(spec), "--summaries", *runs, "--out-dir", str(tmp_path / "out")]
     assert main(args + (["--reported", reported] if reported else [])) == 0
-    return pd.read_csv(tmp_path / "out" / f"{spec['name']}.csv", dtype=str, keep_default_na=False)
+    return _flat(build_table(spec, build_rows(spec, load_summaries(runs), load_reported(reported))))
 
 
 def test_fmt():
-    assert fmt(85.64, 0.0, 1, 1) == "85.6"
-    assert fmt(85.64, 0.44, 3, 1) == "85.6 ± 0.4"
-    assert fmt(290.4, 4.2, 2, 0) == "290 ± 4"
-    assert fmt(float("nan"), 0.0, 1, 2) == "-"
+    assert fmt(Stat(85.64, 0.0, 1), 1) == "85.6"
+    assert fmt(Stat(85.64, 0.44, 3), 1) == "85.6 ± 0.4"
+    assert fmt(Stat(290.4, 4.2, 2), 0) == "290 ± 4"
+    assert fmt(Stat(float("nan"), 0.0, 1), 2) == "-" and fmt(None) == "-"
+    assert fmt(Stat(-0.001, 0.0, 1), 2) == "0.00" and fmt(Stat(0.5, -0.004, 2), 2) == "0.50 ± 0.00"
+    assert fmt(Stat(82.0, 0.0, 1, 79.06, 84.8), 1) == "82.0 [79.1, 84.8]"
+
+
+def test_csv_holds_numbers_with_intervals_and_seed_counts(tmp_path, runs, reported):
+    single = json.loads(Path(runs[3]).read_text()) | {"accuracy_ci": [70.0, 82.0], "avg_length_ci": [150.0, 171.0]}
+    Path(runs[3]).write_text(json.dumps(single))
+    df = build(tmp_path, SPEC, runs, reported)
+    assert df[df.Method == "Global Adv."].iloc[0]["Acc."] == "76.0 [70.0, 82.0]"
+    csv = pd.read_csv(tmp_path / "out" / "abl.csv")
+    assert list(csv.columns) == ["Method", "K", "Branch Adv.", "Len. Penalty", "Source", "train_set", "benchmark",
+                                 "metric", "mean", "std", "ci_low", "ci_high", "n_seeds"]
+    dapo = csv[(csv.Method == "DAPO") & (csv.Source == "ours")].set_index("metric")
+    assert dapo.loc["acc", "mean"] == 83.0 and dapo.loc["acc", "std"] == pytest.approx(2 ** 0.5)
+    assert dapo.loc["acc", "n_seeds"] == 2 and 82.0 <= dapo.loc["acc", "ci_low"] <= dapo.loc["acc", "ci_high"] <= 84.0
+    glob = csv[(csv.Method == "Global Adv.") & (csv.Source == "ours")].set_index("metric")
+    assert (glob.loc["acc", "ci_low"], glob.loc["avg_len", "ci_high"], glob.loc["acc", "n_seeds"]) == (70.0, 171.0, 1)
+    assert glob.loc["aes", "mean"] == pytest.approx(-0.05) and pd.isna(glob.loc["aes", "ci_low"])
+    paper = csv[(csv.Method == "DAPO") & (csv.Source == "paper")].set_index("metric")
+    assert paper.loc["acc", "mean"] == 83.0 and pd.isna(paper.loc["acc", "n_seeds"])
+    assert "-0.00" not in (tmp_path / "out" / "abl.md").read_text()
 
 
 def test_aes_against_our_zero_shot_with_mean_and_std_over_seeds(tmp_path, runs):

@@ -37,8 +37,8 @@ def train_args(model_dir, data, out, **overrides):
             "--set", *[f"{k}={v}" for k, v in values.items()]]
 
 
-def run_train(*args, **overrides):
-    return subprocess.run(train_args(*args, **overrides), env=ENV, capture_output=True, text=True, timeout=300)
+def run_train(*args, env=ENV, **overrides):
+    return subprocess.run(train_args(*args, **overrides), env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_train_writes_a_complete_run(tiny_model_dir, train_data, tmp_path):
@@ -52,6 +52,7 @@ def test_train_writes_a_complete_run(tiny_model_dir, train_data, tmp_path):
     assert done["steps"] == 2 and done["method"] == "bfspo"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+<<<<<<< HEAD
     for key in ("loss", "clip_frac", "reward_mean", "accuracy", "len_mean", "len_max", "tokens_unique",
                 "tokens_total", "groups_kept", "groups_filtered", "gen_rounds", "tree_depth_max",
                 "backtrack_depth_mean", "entropy_mean", "rollout_tok_s", "train_tok_s", "peak_mem_gb", "nonfinite"):
@@ -60,6 +61,16 @@ def test_train_writes_a_complete_run(tiny_model_dir, train_data, tmp_path):
     for r in rows:  # issue 14: the batch statistics of every step
         assert r["questions_generated"] >= r["questions_kept"] >= r["trees"] and r["chains_target"] == 16
         assert 1 <= r["gen_rounds"] <= 10 and r["batch_full"] == float(r["chains"] >= 16)
+=======
+    for key in ("train/loss", "train/grad_norm", "train/lr", "train/clip_frac", "train/approx_kl",
+                "train/skipped_steps", "rollout/reward_mean", "rollout/reward_std", "rollout/accuracy",
+                "rollout/len_mean", "rollout/len_std", "rollout/cutoff_frac", "rollout/tokens_unique",
+                "rollout/groups_kept", "tree/depth_max", "tree/backtracks", "tree/tied_branching_nodes",
+                "advantage/mean", "advantage/std", "advantage/zero_frac", "timing/rollout_s",
+                "timing/old_logprobs_s", "timing/update_s", "timing/train_tok_s", "timing/peak_mem_gb"):
+        assert all(key in r for r in rows), key
+    assert all(r["rollout/tokens_total"] >= r["rollout/tokens_unique"] for r in rows)
+>>>>>>> dash
     trees = [SearchTree.from_dict(json.loads(line)) for line in (out / "trees" / "step_00001.jsonl").read_text().splitlines()]
     assert trees and all(len(t.segments[i].token_ids) > 0 for t in trees for i in t.leaves())
     assert all(t.n_tokens <= t.n_chain_tokens for t in trees)
@@ -81,25 +92,42 @@ def test_dapo_is_k0_groups_of_g(tiny_model_dir, train_data, tmp_path):
 
 
 def test_resume_after_kill(tiny_model_dir, train_data, tmp_path):
+    """Interrupted after step 3 (checkpoint at step 2), resumed: metrics.jsonl and the W&B run (read
+    back with wandb's reader, over every offline fragment of the run's id) hold each step exactly once.
+
+    SIGINT (Ctrl-C, or Slurm's signal before the kill) lets wandb close its file. A SIGKILL cannot:
+    wandb writes its offline file in 32 KiB blocks, so the killed fragment loses its unwritten tail."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from bfspo.reporting.sync import offline_runs
+    from tests.helpers.wandb_offline import read_offline_run
+
+    env = {**ENV, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     out = tmp_path / "resume"
-    proc = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=5), env=ENV,
+    proc = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=5, save_every=2), env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = out / "metrics.jsonl"
     deadline = time.time() + 240
-    while time.time() < deadline and not (out / "checkpoint" / "COMPLETE").exists():
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
         time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)  # right after the first checkpoint: 4 steps still to go
+    proc.send_signal(signal.SIGINT)  # step 3 logged, its checkpoint not due: steps 3-5 are redone
     proc.wait()
     assert not (out / "done.json").exists(), "the run finished before it could be killed"
-    resumed = run_train(tiny_model_dir, train_data, out, steps=5)
+    resumed = run_train(tiny_model_dir, train_data, out, env=env, steps=5, save_every=2)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((out / "done.json").read_text())["steps"] == 5
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5]
     resumed_from = re.search(r"resuming .* from step (\d+)", resumed.stdout)
-    assert resumed_from and 1 <= int(resumed_from.group(1)) < 5
+    assert resumed_from and int(resumed_from.group(1)) == 2
+    fragments = [read_offline_run(p) for p in offline_runs(out)]
+    assert len(fragments) == 2 and len({f["run"]["run_id"] for f in fragments}) == 1
+    logged = [h["step"] for f in fragments for h in f["history"]]
+    assert logged == [1, 2, 3, 4, 5]
+    assert all(k in h for f in fragments for h in f["history"] for k in ("train/loss", "rollout/accuracy", "timing/rollout_s"))
+    # each checkpoint's last row carries a table of sample trees
+    assert [h["step"] for f in fragments for h in f["history"] if "rollout/samples._type" in h] == [2, 4, 5]
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / "adapter")
 
 

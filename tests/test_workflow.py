@@ -114,7 +114,8 @@ def test_schema_covers_the_trainer_config():
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
     in_schema = set(schema["$defs"]["train"]["properties"])
     per_run = {"model", "train_data", "benchmark", "budget", "k", "selection", "advantage", "overlong", "seed",
-               "tensor_parallel_size", "wandb_project", "wandb_group", "wandb_mode", "run_name"}
+               "tensor_parallel_size", "wandb_project", "wandb_group", "wandb_mode", "run_name", "method_key",
+               "model_label", "tables"}
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     assert in_schema <= fields, in_schema - fields
     assert per_run <= fields, per_run - fields
@@ -277,6 +278,40 @@ def test_seeds_multiply_the_runs_not_the_zero_shot(tmp_path):
 # ---- the test config, for real -----------------------------------------------------------------
 
 
+def check_offline_wandb_runs(results: Path, env: dict) -> None:
+    """Every run of the DAG is listed by `bfspo sync --list` and tagged table:toy-test-ablation;
+    every training step logged each section once."""
+    from bfspo.reporting.sync import offline_runs
+    from tests.helpers.wandb_offline import read_offline_run
+
+    listed = subprocess.run([sys.executable, "-m", "bfspo.cli", "sync", str(results), "--list"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    found = [Path(line) for line in listed.stdout.splitlines()]
+    assert found == offline_runs(results)
+    trained = sorted(p.name for p in (results / "runs").iterdir())
+    evaluated = sorted(f"{r.name}/{b.name}" for r in (results / "eval").iterdir() for b in r.iterdir())
+    assert sorted(p.parents[1].name for p in found if p.parents[2].name == "runs") == trained
+    assert sorted(f"{p.parents[2].name}/{p.parents[1].name}" for p in found if p.parents[3].name == "eval") == evaluated
+    assert [p.parents[1].name for p in found if p.parents[2].name == "wandb"] == ["report-toy-test-ablation"]
+    for path in found:
+        record = read_offline_run(path)
+        tags, job = record["run"]["tags"], record["run"]["job_type"]
+        assert "table:toy-test-ablation" in tags, (path, tags)
+        if job == "report":
+            assert record["run"]["display_name"] == "toy-test-ablation"
+            continue
+        assert "model:Toy-Qwen2 (test size)" in tags and any(t.startswith("method:") for t in tags), (path, tags)
+        if job == "eval":
+            assert {"eval/accuracy", "eval/accuracy_ci_low", "eval/samples._type"} <= set(record["summary"])
+            continue
+        assert "seed:0" in tags and record["run"]["config"]["update"]["tables"] == ["toy-test-ablation"]
+        assert [h["step"] for h in record["history"]] == [1, 2]
+        for section in ("rollout/accuracy", "tree/backtracks", "advantage/zero_frac", "train/grad_norm", "train/lr",
+                        "timing/update_s"):
+            assert all(section in h for h in record["history"]), (path, section)
+
+
 def workflow_copy(tmp_path: Path) -> dict:
     """The workflow, its configs and the reported results copied to tmp_path; the environment to run it."""
     for name in ("Snakefile", "workflow", "config", "environment.yml"):
@@ -307,24 +342,45 @@ def test_a_two_rank_class_trains_data_parallel_through_the_rule(tmp_path):
 
 @pytest.mark.slow
 def test_test_config_runs_end_to_end(tmp_path):
-    """config/test.yaml, the toy DAG at its smallest, from data generation to the report (2-3 min)."""
-    env = workflow_copy(tmp_path)
+    """config/test.yaml, the toy DAG at its smallest, from data generation to the report (2-3 min),
+    with W&B offline: `bfspo sync --list` finds every run, which wandb's reader shows tagged with
+    its tables, and each training step carries the sectioned metrics."""
+    env = workflow_copy(tmp_path) | dict(WANDB_MODE="offline", WANDB_SILENT="true")
     run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config/test.yaml"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
 
-    table = pd.read_csv(tmp_path / "results/tables/toy-test-ablation.csv", dtype=str, keep_default_na=False)
-    assert table["Method"].tolist() == ["Zero-shot", "DAPO", "BFS-PO", "BFS-PO", "BFS-PO", "w/o BFS", "Global Adv.", "w/o R_l"]
-    assert table["K"].tolist() == ["-", "0", "1", "2", "3", "3", "3", "3"] and set(table["Source"]) == {"ours"}
-    for col in ("Toy (in-domain) Acc.", "Toy-OOD (out-of-domain) Avg. Len."):
-        assert all(re.fullmatch(r"\d+(\.\d)?", v) for v in table[col]), table[col]
+    table = pd.read_csv(tmp_path / "results/tables/toy-test-ablation.csv", keep_default_na=False)
+    rows = table.drop_duplicates(["Method", "K"])
+    assert rows["Method"].tolist() == ["Zero-shot", "DAPO", "BFS-PO", "BFS-PO", "BFS-PO", "w/o BFS", "Global Adv.", "w/o R_l"]
+    assert rows["K"].astype(str).tolist() == ["-", "0", "1", "2", "3", "3", "3", "3"] and set(table["Source"]) == {"ours"}
+    acc = table[table.metric == "acc"]
+    assert len(acc) == 16 and acc["mean"].between(0, 100).all() and (acc["n_seeds"] == 1).all()
+    assert (acc["ci_low"] <= acc["mean"]).all() and (acc["mean"] <= acc["ci_high"]).all()
     for run_id in ("dapo", "bfspo-k1", "bfspo-k2", "bfspo", "no-bfs", "global-adv", "no-overlong"):
         assert (tmp_path / f"results/runs/toy-test_toy_{run_id}_s0/adapter").is_dir()
     figures = {p.name for p in (tmp_path / "results/figures/toy-test-ablation").iterdir()}
     assert {"pareto_toy_toy.png", "pareto_toy_toy_ood.pdf", "curves_toy-test_toy.png"} <= figures
     assert json.loads((tmp_path / "results/report/toy-test-ablation.json").read_text())["group"] == "toy-test-ablation"
     assert (tmp_path / "results/tables/aes_consistency.md").is_file()
+    check_offline_wandb_runs(tmp_path / "results", env)
 
     again = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", "config/test.yaml"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_every_run_is_tagged_with_each_table_that_shows_it():
+    """Table 2 (gsm8k) shares Qwen2.5-3B's DAPO and BFS-PO runs with Table 1 (ablation): their W&B
+    group is one table's, but their tags name both, so a filter on table:gsm8k shows all of Table 2."""
+    out = dry_run("-p", "--configfile", "config/paper.yaml")
+    commands = {re.search(r"--output-dir (\S+)", text).group(1).rsplit("/", 1)[1]: text
+                for rule, text in jobs(out) if rule == "train"}
+    for method in ("dapo", "bfspo"):
+        text = commands[f"qwen2.5-3b_gsm8k_{method}_s0"]
+        assert f"method_key={method}" in text and "model_label=Qwen2.5-3B-Instruct" in text
+        tables = json.loads(re.search(r"'tables=(\[.*?\])'", text).group(1))
+        assert {"ablation", "gsm8k"} <= set(tables)
+    assert "'tables=[\"ablation\"]'" in commands["qwen2.5-3b_gsm8k_no-bfs_s0"]
+    evals = [text for rule, text in jobs(out) if rule == "evaluate" and "--run-name qwen2.5-3b_zero-shot_eval_gsm8k" in text]
+    assert len(evals) == 1 and re.search(r"tables=\S*gsm8k", evals[0]) and "model_label=Qwen2.5-3B-Instruct" in evals[0]

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.rollout import make_engine
@@ -50,6 +51,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"],
                         help="W&B mode (the WANDB_MODE environment variable wins)")
     parser.add_argument("--run-name", help="W&B run name (default: the --out-dir folder name)")
+    parser.add_argument("--wandb-tags", nargs="*", default=None, metavar="TAG",
+                        help="W&B tags (default: from --meta's tables (comma-separated), method, model_label and seed)")
+    parser.add_argument("--wandb-samples", type=int, default=20,
+                        help="responses logged to W&B as a table of samples")
 
 
 def parse_meta(items: list[str]) -> dict[str, str]:
@@ -139,14 +144,36 @@ def build_engine(args) -> tuple[RolloutEngine, object, int | None]:
     return engine, tokenizer, getattr(config, "max_position_embeddings", None)
 
 
-def log_to_wandb(summary: dict, args) -> None:
+def log_to_wandb(summary: dict, samples: list[dict], args) -> None:
+    """One eval run: the summary as its config, accuracy, length and their intervals in its W&B summary,
+    and the first --wandb-samples responses as a table."""
+    import wandb
+
     from bfspo import tracking
 
+    meta = summary["meta"]
+    names = {"tables": [t for t in meta.get("tables", "").split(",") if t], "method_key": meta.get("method"),
+             "model_label": meta.get("model_label"), "seed": meta.get("seed")}
     run = tracking.start(args.out_dir, summary, project=args.wandb_project, group=args.wandb_group,
-                         job_type="eval", name=args.run_name or args.out_dir.name, mode=args.wandb_mode)
+                         job_type="eval", name=args.run_name or args.out_dir.name, mode=args.wandb_mode,
+                         tags=tracking.run_tags(names) if args.wandb_tags is None else args.wandb_tags)
     if run is not None:
-        run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+        run.summary.update(eval_summary(summary))
+        shown = pd.DataFrame(samples[:args.wandb_samples],
+                             columns=["id", "sample", "correct", "num_tokens", "finished", "extracted", "gold", "response"])
+        run.log({"eval/samples": wandb.Table(dataframe=shown)})
     tracking.finish(run)
+
+
+def eval_summary(summary: dict) -> dict:
+    """The `eval/` keys of an evaluation run's W&B summary: accuracy and length with their 95% intervals."""
+    out = {}
+    for key in ("accuracy", "avg_length"):
+        out[f"eval/{key}"] = summary[key]
+        out[f"eval/{key}_ci_low"], out[f"eval/{key}_ci_high"] = summary[f"{key}_ci"]
+    out |= {f"eval/{k}": summary[k] for k in ("finished_fraction", "n_questions", "samples_per_question",
+                                              "generated_tokens_per_s")}
+    return out
 
 
 def run(args) -> int:
@@ -182,7 +209,7 @@ def evaluate(args) -> int:
                "generated_tokens_per_s": round(sum(s["num_tokens"] for s in scored) / max(seconds, 1e-9), 1),
                "meta": meta}
     if args.wandb_project:
-        log_to_wandb(summary, args)
+        log_to_wandb(summary, scored, args)
     write_json(args.out_dir / "summary.json", summary)
     print(f"{benchmark.name}: accuracy {summary['accuracy']:.1f}% "
           f"[{summary['accuracy_ci'][0]:.1f}, {summary['accuracy_ci'][1]:.1f}], "

@@ -7,10 +7,15 @@
                                    reported numbers as hollow markers, and the Pareto front of ours
                                    (no other point is both shorter and at least as accurate);
   curves_<model>_<train set>       reward, accuracy and mean length against step, one line per
-                                   method (mean over seeds), from each run's metrics.jsonl;
-  backtracking_<model>_<train set> where the search backtracked: the depth of each backtracking
-                                   token, in tokens and relative to its path's length, from the
-                                   runs' trees/*.jsonl ("backtracking" records of SearchTree.to_dict).
+                                   method: the EMA-smoothed mean over seeds (bfspo.reporting.style)
+                                   over a faint raw line, with a ± std band over seeds, from each
+                                   run's metrics.jsonl;
+  backtracking_<model>_<train set> where the search backtracked, one row of panels per method: the
+                                   depth of each backtracking token, in tokens and relative to its
+                                   path's length, from the runs' trees/*.jsonl ("backtracking"
+                                   records of SearchTree.to_dict).
+
+Every method has one colour in every figure (bfspo.reporting.style.method_colour).
 
 The spec and the summaries are those of `bfspo tables build`; training runs are found as
 <runs-dir>/<meta.run>.
@@ -28,9 +33,11 @@ import pandas as pd
 
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl
+from bfspo.reporting.style import EMA_ALPHA, ema, method_colour
 from bfspo.reporting.tables import ZERO_SHOT, aggregate, load_reported, load_spec, load_summaries, score
 
-CURVES = [("reward_mean", "reward"), ("accuracy", "accuracy"), ("len_mean", "mean length (tokens)")]
+CURVES = [("rollout/reward_mean", "reward"), ("rollout/accuracy", "accuracy (first samples)"),
+          ("rollout/len_mean", "mean length (tokens)")]
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
@@ -74,10 +81,22 @@ def _method_labels(spec: dict) -> dict[str, str]:
     return labels
 
 
+def _colours(spec: dict) -> dict[str, str]:
+    """method key -> its colour (zero-shot included)."""
+    return {m["key"]: method_colour(m) for m in [{"key": ZERO_SHOT}, *spec["methods"]]}
+
+
+def _labels_of(spec: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """(model key -> label, train set -> label) from the spec."""
+    models = {m["key"]: m["label"] for m in spec["models"]}
+    train_sets = {c["train_set"]: c.get("train_label", c["train_set"]) for c in spec["columns"]}
+    return models, train_sets
+
+
 def pareto_figures(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame, out_dir: Path) -> list[Path]:
     plt = _pyplot()
     ours = aggregate(score(summaries))
-    labels = _method_labels(spec)
+    labels, colours = _method_labels(spec), _colours(spec)
     tables = spec.get("paper_tables", []) + ([spec["reported"]["table"]] if spec.get("reported") else [])
     paths = []
     for col in spec["columns"]:
@@ -88,9 +107,10 @@ def pareto_figures(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame, 
                 cell = ours.get((model["key"], key, "" if key == ZERO_SHOT else col["train_set"], col["benchmark"]))
                 if cell is None:
                     continue
-                (acc, acc_sd, _), (length, len_sd, _) = cell["acc"], cell["avg_len"]
-                ax.errorbar(length, acc, xerr=len_sd, yerr=acc_sd, fmt="o", capsize=3, label=labels[key])
-                points.append((length, acc))
+                acc, length = cell["acc"], cell["avg_len"]
+                ax.errorbar(length.mean, acc.mean, xerr=length.std, yerr=acc.std, fmt="o", capsize=3,
+                            color=colours[key], label=labels[key])
+                points.append((length.mean, acc.mean))
                 names.append(key)
             if points:
                 front = [points[i] for i in pareto_front(points)]
@@ -131,9 +151,18 @@ def load_metrics(run_dir: Path) -> pd.DataFrame:
     return pd.DataFrame([row for _, row in read_jsonl(path)])
 
 
+def _seed_curves(frames: list[pd.DataFrame], key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(raw, EMA-smoothed) values of `key`: one column per seed, indexed by step."""
+    raw = pd.concat([f.set_index("step")[key].rename(i) for i, f in enumerate(frames) if key in f.columns], axis=1)
+    return raw, raw.apply(lambda col: ema(col.dropna()))
+
+
 def curve_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
+    from matplotlib.ticker import MaxNLocator
+
     plt = _pyplot()
-    labels = _method_labels(spec)
+    labels, colours = _method_labels(spec), _colours(spec)
+    model_labels, train_labels = _labels_of(spec)
     paths = []
     for (model, train_set), group in runs.groupby(["model", "train_set"], sort=False):
         fig, axes = plt.subplots(1, len(CURVES), figsize=(5 * len(CURVES), 3.6))
@@ -141,23 +170,30 @@ def curve_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
         for method in [m["key"] for m in spec["methods"]]:
             frames = [load_metrics(d) for d in group[group.method == method].dir]
             frames = [f for f in frames if len(f) and "step" in f.columns]
-            if not frames:
-                continue
-            mean = pd.concat(frames).groupby("step").mean(numeric_only=True)
             for ax, (key, _) in zip(axes, CURVES):
-                if key in mean.columns:
-                    ax.plot(mean.index, mean[key], label=labels[method])
-                    drawn = True
+                if not any(key in f.columns for f in frames):
+                    continue
+                raw, smooth = _seed_curves(frames, key)
+                colour, mean = colours[method], smooth.mean(axis=1)
+                ax.plot(raw.index, raw.mean(axis=1), color=colour, alpha=0.25, lw=0.8)
+                ax.plot(mean.index, mean, color=colour, lw=1.8, label=f"{labels[method]} ({raw.shape[1]} seeds)")
+                if raw.shape[1] > 1:
+                    sd = smooth.std(axis=1)
+                    ax.fill_between(mean.index, mean - sd, mean + sd, color=colour, alpha=0.2, lw=0)
+                drawn = True
         for ax, (_, name) in zip(axes, CURVES):
             ax.set_xlabel("step")
             ax.set_ylabel(name)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
         if not drawn:
             plt.close(fig)
             print(f"no metrics.jsonl for {model} / {train_set}: no training curves", file=sys.stderr)
             continue
         axes[0].legend(fontsize=7)
-        fig.suptitle(f"{model}, trained on {train_set}", fontsize=10)
+        fig.suptitle(f"{model_labels.get(model, model)}, trained on {train_labels.get(train_set, train_set)}: "
+                     f"EMA (alpha {EMA_ALPHA}) of the mean over seeds, ± std band; faint: raw mean", fontsize=10)
+        fig.tight_layout()
         paths += _save(fig, out_dir, f"curves_{model}_{train_set}")
     return paths
 
@@ -177,36 +213,41 @@ def backtracking_depths(run_dir: Path) -> tuple[list[float], list[float]]:
 
 
 def backtracking_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Small multiples: one row per searching method, depth in tokens (left) and relative (right)."""
     plt = _pyplot()
-    labels = _method_labels(spec)
-    searched = {m["key"] for m in spec["methods"] if m["k"] > 0}
+    labels, colours = _method_labels(spec), _colours(spec)
+    model_labels, train_labels = _labels_of(spec)
+    order = [m["key"] for m in spec["methods"] if m["k"] > 0]
     paths = []
-    for (model, train_set), group in runs[runs.method.isin(searched)].groupby(["model", "train_set"], sort=False):
+    for (model, train_set), group in runs[runs.method.isin(order)].groupby(["model", "train_set"], sort=False):
         series = {}
-        for method, rows in group.groupby("method", sort=False):
+        for method in order:
             depths, relative = [], []
-            for d in rows.dir:
+            for d in group[group.method == method].dir:
                 a, r = backtracking_depths(d)
                 depths += a
                 relative += r
             if depths:
-                series[labels[method]] = (depths, relative)
+                series[method] = (depths, relative)
         if not series:
             print(f"no logged trees for {model} / {train_set}: no backtracking histogram", file=sys.stderr)
             continue
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+        fig, axes = plt.subplots(len(series), 2, figsize=(9, 1.7 * len(series) + 0.9), sharex="col", squeeze=False)
         top = max(max(d) for d, _ in series.values())
-        for name, (depths, relative) in series.items():
-            ax1.hist(depths, bins=np.linspace(0, top, 31), histtype="step", density=True, label=f"{name} (n={len(depths)})")
-            if relative:
-                ax2.hist(relative, bins=np.linspace(0, 1, 21), histtype="step", density=True, label=name)
-        ax1.set_xlabel("backtracking depth (tokens from the prompt)")
-        ax2.set_xlabel("backtracking depth / length of its path")
-        for ax in (ax1, ax2):
-            ax.set_ylabel("density")
-            ax.grid(alpha=0.3)
-        ax1.legend(fontsize=7)
-        fig.suptitle(f"Backtracking positions: {model}, trained on {train_set}", fontsize=10)
+        for (ax1, ax2), (method, (depths, relative)) in zip(axes, series.items()):
+            colour = colours[method]
+            ax1.hist(depths, bins=np.linspace(0, top, 31), color=colour, alpha=0.8)
+            ax2.hist(relative, bins=np.linspace(0, 1, 21), color=colour, alpha=0.8)
+            ax1.set_ylabel(f"{labels[method]}\n(n={len(depths)})", fontsize=8)
+            for ax in (ax1, ax2):
+                ax.grid(alpha=0.3)
+                ax.tick_params(labelsize=7)
+        axes[-1][0].set_xlabel("backtracking depth (tokens from the prompt)")
+        axes[-1][1].set_xlabel("backtracking depth / length of its path")
+        axes[0][0].set_title("count of backtracking tokens", fontsize=8)
+        fig.suptitle(f"Backtracking positions: {model_labels.get(model, model)}, "
+                     f"trained on {train_labels.get(train_set, train_set)}", fontsize=10)
+        fig.tight_layout()
         paths += _save(fig, out_dir, f"backtracking_{model}_{train_set}")
     return paths
 

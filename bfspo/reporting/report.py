@@ -1,5 +1,6 @@
-"""`bfspo report`: log a table's CSVs (as wandb.Table) and its figures (as images) to a `report` run
-in the table's W&B group, beside the group's training and evaluation runs.
+"""`bfspo report`: log a table's CSVs (as wandb.Table) and its figures (as images) to a report run
+named after the table, in the table's W&B group and tagged `table:<table>` like the table's
+training and evaluation runs.
 
     bfspo report --project P --group G [--mode offline] --tables T.csv ... --figures DIR ...
                  --wandb-dir results/wandb --out results/report/G.json
@@ -40,7 +41,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--project", required=True, help="W&B project")
     parser.add_argument("--group", required=True, help="W&B group: the table's name")
     parser.add_argument("--mode", default="offline", choices=["offline", "online", "disabled"])
-    parser.add_argument("--name", default="report", help="W&B run name")
+    parser.add_argument("--name", help="W&B run name (default: the group, i.e. the table's name)")
     parser.add_argument("--tables", nargs="+", default=[], type=Path, help="table CSV files")
     parser.add_argument("--figures", nargs="+", default=[], type=Path, help="folders of PNG figures")
     parser.add_argument("--wandb-dir", default="results/wandb", type=Path, help="where the offline run is written")
@@ -51,7 +52,8 @@ def run(args) -> int:
     tables, figures = collect(args.tables, args.figures)
     run_dir = args.wandb_dir / f"report-{args.group}"
     wb = tracking.start(run_dir, {"tables": [str(p) for p in tables]}, project=args.project, group=args.group,
-                        job_type="report", name=args.name, mode=args.mode)
+                        job_type="report", name=args.name or args.group, mode=args.mode,
+                        tags=tracking.run_tags({"tables": [args.group]}))
     if wb is not None:
         log_report(wb, tables, figures)
     record = {

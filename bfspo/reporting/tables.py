@@ -3,10 +3,12 @@
     bfspo tables build --spec JSON --summaries S.json ... [--reported CSV] [--runs-dir DIR] --out-dir DIR
     bfspo tables consistency --reported CSV --out-dir DIR
 
-`build` writes DIR/<name>.csv, .md and .tex (booktabs), in the paper's column order plus a
-Source column:
-  ours      our runs, mean ± std over seeds; AES (App. E) against OUR zero-shot run of the same
-            model and benchmark, per seed;
+`build` writes DIR/<name>.md and .tex (booktabs), formatted in the paper's column order plus a
+Source column, and DIR/<name>.csv with the same cells as numbers, one row per cell and metric
+(the descriptors, source, train_set, benchmark, metric, mean, std, ci_low, ci_high, n_seeds):
+  ours      our runs, mean ± std over seeds (the 95% interval of the seed mean, bootstrapped over
+            seeds, in the CSV); a single seed shows its summary.json interval, "82.0 [79.1, 84.8]";
+            AES (App. E) against OUR zero-shot run of the same model and benchmark, per seed;
   paper     the paper's printed number for the row above it (reported_results.csv);
   reported  rows the paper took from other work (SFT, TokenSkip, Tree of Thoughts), never run here.
 With --runs-dir, the Markdown notes name every training run of the table whose batches came out
@@ -27,12 +29,13 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text, read_json, read_jsonl
-from bfspo.evaluation.metrics import aes, aes_consistency
+from bfspo.evaluation.metrics import aes, aes_consistency, bootstrap_ci
 
 ZERO_SHOT = "zero-shot"
 OURS, PAPER, REPORTED = "ours", "paper", "reported"
@@ -49,6 +52,20 @@ LEGEND = (
     "reported = taken by the paper from other work, not run here."
 )
 YES, NO, NONE = "✓", "✗", "-"
+# the CSV's columns after the descriptors and the source
+NUMERIC_COLUMNS = ["train_set", "benchmark", "metric", "mean", "std", "ci_low", "ci_high", "n_seeds"]
+# metric -> the summary.json key of its interval (AES has none)
+SUMMARY_CI = {"acc": "accuracy_ci", "avg_len": "avg_length_ci"}
+
+
+class Stat(NamedTuple):
+    """One metric of one cell: mean and std over seeds, a 95% interval, the number of seeds (NaN: the paper's)."""
+
+    mean: float
+    std: float = math.nan
+    n: float = math.nan
+    ci_low: float = math.nan
+    ci_high: float = math.nan
 
 
 # ---- inputs ------------------------------------------------------------------------------------
@@ -75,6 +92,8 @@ def load_summaries(paths: list[str]) -> pd.DataFrame:
         ]
         if missing:
             raise BfspoError(f"{path}: summary lacks {', '.join(missing)}")
+        cis = {f"{m}_ci_{end}": float(s[key][i]) if s.get(key) else math.nan
+               for m, key in SUMMARY_CI.items() for i, end in enumerate(("low", "high"))}
         rows.append(
             dict(
                 model=meta["model"],
@@ -86,9 +105,12 @@ def load_summaries(paths: list[str]) -> pd.DataFrame:
                 avg_len=float(s["avg_length"]),
                 run=meta.get("run", ""),
                 path=str(path),
+                **cis,
             )
         )
-    return pd.DataFrame(rows, columns=["model", "method", "train_set", "seed", "benchmark", "acc", "avg_len", "run", "path"])
+    cis = [f"{m}_ci_{end}" for m in SUMMARY_CI for end in ("low", "high")]
+    return pd.DataFrame(rows, columns=["model", "method", "train_set", "seed", "benchmark", "acc", "avg_len", "run",
+                                       "path", *cis])
 
 
 def load_reported(path: str | None) -> pd.DataFrame:
@@ -131,20 +153,42 @@ def score(summaries: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def aggregate(scored: pd.DataFrame) -> dict[tuple, dict]:
-    """(model, method, train_set, benchmark) -> {metric: (mean, std, n)} over seeds."""
+def _stat(values: pd.Series, ci_low: float, ci_high: float) -> Stat:
+    """Mean and std over seeds with the seed mean's bootstrapped 95% interval; one seed keeps its
+    summary.json interval (ci_low, ci_high; NaN when it has none)."""
+    x = values.dropna()
+    if len(x) > 1:
+        return Stat(float(x.mean()), float(x.std(ddof=1)), len(x), *bootstrap_ci(x.to_numpy()))
+    return Stat(float(x.mean()) if len(x) else math.nan, 0.0, len(x), ci_low, ci_high)
+
+
+def aggregate(scored: pd.DataFrame) -> dict[tuple, dict[str, Stat]]:
+    """(model, method, train_set, benchmark) -> {metric: Stat} over seeds."""
     cells = {}
     for key, g in scored.groupby(["model", "method", "train_set", "benchmark"], sort=False):
-        cells[key] = {m: (g[m].mean(), g[m].std(ddof=1) if len(g) > 1 else 0.0, len(g)) for m, _, _ in METRICS}
+        first = g.iloc[0]
+        cells[key] = {m: _stat(g[m], first.get(f"{m}_ci_low", math.nan), first.get(f"{m}_ci_high", math.nan))
+                      for m, _, _ in METRICS}
     return cells
 
 
-def fmt(mean: float, std: float = 0.0, n: int = 1, digits: int = 1) -> str:
-    """`85.6`, or `85.6 ± 0.4` over several seeds; `-` when missing."""
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+def _number(value: float, digits: int) -> str:
+    """`value` to `digits` decimals, never "-0.0" (a value that rounds to zero is unsigned)."""
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
+def fmt(stat: Stat | None, digits: int = 1) -> str:
+    """`85.6 ± 0.4` over several seeds, `85.6 [83.1, 88.0]` for one seed with an interval, `85.6`
+    without one; `-` when missing."""
+    if stat is None or math.isnan(stat.mean):
         return NONE
-    text = f"{mean:.{digits}f}"
-    return f"{text} ± {std:.{digits}f}" if n > 1 and not math.isnan(std) else text
+    text = _number(stat.mean, digits)
+    if stat.n > 1 and not math.isnan(stat.std):
+        return f"{text} ± {_number(stat.std, digits)}"
+    if not (math.isnan(stat.ci_low) or math.isnan(stat.ci_high)):
+        return f"{text} [{_number(stat.ci_low, digits)}, {_number(stat.ci_high, digits)}]"
+    return text
 
 
 # ---- the table ---------------------------------------------------------------------------------
@@ -165,12 +209,12 @@ def _paper_cell(reported: pd.DataFrame, tables: list[str], model_label: str, met
             rows = rows[rows.ratio == ratio]
         if len(rows):
             r = rows.iloc[0]
-            return {m: (float(r[m]), 0.0, 1) for m, _, _ in METRICS}
+            return {m: Stat(float(r[m])) for m, _, _ in METRICS}
     return None
 
 
 def _cells(values: list[dict | None]) -> list[str]:
-    return [fmt(*v[m], digits=d) if v else NONE for v in values for m, _, d in METRICS]
+    return [fmt(v[m] if v else None, digits=d) for v in values for m, _, d in METRICS]
 
 
 def _descriptors(layout: str, model: dict, label: str, method: dict | None, ratio=None) -> list[str]:
@@ -184,24 +228,25 @@ def _descriptors(layout: str, model: dict, label: str, method: dict | None, rati
     return [model["label"], label]
 
 
-def build_rows(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame) -> list[list[str]]:
-    """The table's rows: per model, zero-shot, the reported-only methods, then each of our
-    methods; each of our rows is followed by the paper's row for it, where the paper has one."""
+def build_rows(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame) -> list[tuple[list[str], list, str]]:
+    """The table's rows as (descriptors, one {metric: Stat} or None per column, source): per model,
+    zero-shot, the reported-only methods, then each of our methods; each of our rows is followed
+    by the paper's row for it, where the paper has one."""
     layout, columns, paper_tables = spec["layout"], spec["columns"], spec.get("paper_tables", [])
     ours = aggregate(score(summaries))
     rows = []
 
     def add_ours(model, label, key, method=None):
         values = [ours.get((model["key"], key, "" if key == ZERO_SHOT else c["train_set"], c["benchmark"])) for c in columns]
-        seeds = max((v["acc"][2] for v in values if v), default=0)
+        seeds = max((v["acc"].n for v in values if v), default=0)
         source = OURS if seeds <= 1 else f"{OURS} ({seeds} seeds)"
-        rows.append(_descriptors(layout, model, label, method) + _cells(values) + [source])
+        rows.append((_descriptors(layout, model, label, method), values, source))
         paper_name = ZERO_SHOT if method is None else method.get("paper")
         if paper_name:
             k = None if method is None else method["k"]
             pvalues = [_paper_cell(reported, paper_tables, model["label"], paper_name, c, k=k) for c in columns]
             if any(pvalues):
-                rows.append(_descriptors(layout, model, label, method) + _cells(pvalues) + [PAPER])
+                rows.append((_descriptors(layout, model, label, method), pvalues, PAPER))
 
     rep = spec.get("reported") or {}
     for model in spec["models"]:
@@ -212,7 +257,7 @@ def build_rows(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame) -> l
                 r = None if pd.isna(ratio) else float(ratio)
                 pvalues = [_paper_cell(reported, [rep["table"]], model["label"], name, c, ratio=r) for c in columns]
                 if any(pvalues):
-                    rows.append(_descriptors(layout, model, label, None, r) + _cells(pvalues) + [REPORTED])
+                    rows.append((_descriptors(layout, model, label, None, r), pvalues, REPORTED))
         for method in spec["methods"]:
             add_ours(model, method["label"], method["key"], method)
     return rows
@@ -228,8 +273,22 @@ def column_labels(spec: dict) -> list[tuple[str, str]]:
     return cols + [("", "Source")]
 
 
-def build_table(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame(build_rows(spec, summaries, reported), columns=pd.MultiIndex.from_tuples(column_labels(spec)))
+def build_table(spec: dict, rows: list[tuple[list[str], list, str]]) -> pd.DataFrame:
+    """The formatted table (strings), as the MD and TeX files show it."""
+    return pd.DataFrame([desc + _cells(values) + [source] for desc, values, source in rows],
+                        columns=pd.MultiIndex.from_tuples(column_labels(spec)))
+
+
+def numeric_table(spec: dict, rows: list[tuple[list[str], list, str]]) -> pd.DataFrame:
+    """The same cells as numbers: one row per (table row, column, metric), for pandas to compute with."""
+    records = []
+    for desc, values, source in rows:
+        for col, cell in zip(spec["columns"], values):
+            for metric, _, _ in METRICS:
+                stat = cell[metric] if cell else Stat(math.nan)
+                records.append(desc + [source.split(" ")[0], col["train_set"], col["benchmark"], metric,
+                                       stat.mean, stat.std, stat.ci_low, stat.ci_high, stat.n])
+    return pd.DataFrame(records, columns=DESCRIPTORS[spec["layout"]] + ["Source"] + NUMERIC_COLUMNS)
 
 
 def _flat(df: pd.DataFrame) -> pd.DataFrame:
@@ -266,11 +325,13 @@ def to_latex(df: pd.DataFrame, spec: dict) -> str:
     )
 
 
-def write_table(spec: dict, df: pd.DataFrame, out_dir: str | Path, notes: list[str] = ()) -> list[Path]:
+def write_table(spec: dict, rows: list[tuple[list[str], list, str]], out_dir: str | Path,
+                notes: list[str] = ()) -> list[Path]:
     out = Path(out_dir)
     paths = [out / f"{spec['name']}.{ext}" for ext in ("csv", "md", "tex")]
+    df = build_table(spec, rows)
     flat = _flat(df)
-    atomic_write_text(paths[0], flat.to_csv(index=False))
+    atomic_write_text(paths[0], numeric_table(spec, rows).to_csv(index=False))
     short = "".join(f"\nShort batches: {note}\n" for note in notes)
     atomic_write_text(paths[1], f"## {spec['title']}\n\n{flat.to_markdown(index=False, disable_numparse=True)}\n\n{LEGEND}\n{short}")
     atomic_write_text(paths[2], to_latex(df, spec))
@@ -344,9 +405,9 @@ def run(args) -> int:
         return 0
     spec = load_spec(args.spec)
     summaries = load_summaries(args.summaries)
-    df = build_table(spec, summaries, reported)
+    rows = build_rows(spec, summaries, reported)
     runs = sorted(set(summaries.loc[summaries.method != ZERO_SHOT, "run"]) - {""})
     notes = short_batch_notes(args.runs_dir, runs) if args.runs_dir else []
-    for path in write_table(spec, df, args.out_dir, notes):
+    for path in write_table(spec, rows, args.out_dir, notes):
         print(path)
     return 0

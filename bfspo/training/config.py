@@ -25,7 +25,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # directory resumes under a command that changes them (e.g. the same run shown by another
 # config's table, which names another W&B group).
 OBSERVATION_FIELDS = frozenset({"threads", "save_every", "log_trees", "wandb_project", "wandb_group", "wandb_mode",
-                                "run_name"})
+                                "run_name", "method_key", "model_label", "tables"})
 
 
 # The float fields: what a valid value is (NaN fails every comparison, so it is refused too).
@@ -121,6 +121,12 @@ class TrainConfig:
         "help": "W&B mode: offline (default, no account; `wandb sync` later), online or disabled. "
                 "The WANDB_MODE environment variable wins."})
     run_name: str | None = field(default=None, metadata={"help": "Run name (default: the output directory's name)."})
+    method_key: str | None = field(default=None, metadata={
+        "help": "The workflow's method key (config `methods`); tags the W&B run method:<key>."})
+    model_label: str | None = field(default=None, metadata={
+        "help": "The workflow's model label (config `models.<m>.label`); tags the W&B run model:<label>."})
+    tables: list[str] = field(default_factory=list, metadata={
+        "help": "The workflow's tables that show this run; tags the W&B run table:<name> for each."})
 
     def __post_init__(self):
         if isinstance(self.lora_target_modules, str):  # `lora_target_modules=q_proj` or `q_proj,v_proj`

@@ -35,9 +35,10 @@ import torch
 from tqdm import tqdm
 
 from bfspo import runlock
-from bfspo.training import batching, checkpoint, dist
+from bfspo.training import batching, checkpoint, dist, step_metrics
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
 from bfspo.training.config import OBSERVATION_FIELDS, TrainConfig, load_config
+from bfspo.training.samples import sample_table
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text, read_json, read_jsonl, write_json
 from bfspo.algorithm.loss import policy_loss
@@ -153,6 +154,7 @@ class Trainer:
             self.engine = make_engine("transformers", self.model, self.tokenizer, batch_size=cfg.rollout_batch_size)
         self.step, self.nonfinite, self.empty_steps = 0, 0, 0
         self.cursors = [0] * self.world  # position of each rank in its share of the data order
+        self.wandb_pending: list[dict] = []  # rows logged since the last checkpoint, sent to W&B with it
 
     # --- data -----------------------------------------------------------------------------------
 
@@ -215,13 +217,15 @@ class Trainer:
         # This rank's part of each global mini-batch, packed on the CPU; moved to the device one at a time.
         packs = [[trees[i] for r, i in mb if r == self.rank] for mb in plan]
         packs = [pack_trees(mine) if mine else None for mine in packs]
+        t0 = time.perf_counter()
         self.model.eval()  # the old log-probs are fixed for the batch (no dropout)
         with torch.no_grad():
             for pk in packs:
                 if pk is not None:
                     pk.old_logprobs = packed_logprobs(self.model, pk.to(device))[0].float().cpu()
+        old_logprobs_s = time.perf_counter() - t0
         self.model.train()
-        losses, stats = [], []
+        losses, stats, norms, skipped = [], [], [], 0
         for pk in packs:
             n_global = dist.sum_scalar(pk.n_entries if pk is not None else 0)
             local = 0.0
@@ -239,6 +243,7 @@ class Trainer:
             if not (math.isfinite(total) and torch.isfinite(norm)):
                 self.optimizer.zero_grad(set_to_none=True)
                 self.nonfinite += 1
+                skipped += 1
                 tqdm.write(f"step {self.step}: non-finite loss or gradient skipped ({self.nonfinite} so far)")
                 if self.nonfinite > cfg.max_nonfinite:
                     raise BfspoError(f"step {self.step}: {self.nonfinite} non-finite losses or gradients, more "
@@ -247,12 +252,17 @@ class Trainer:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             losses.append(total)
+            norms.append(float(norm))
         self.model.eval()
         self.engine.sync_weights(self.model)
         mean = lambda key: float(np.mean([s[key] for s in stats])) if stats else float("nan")  # noqa: E731
         return {"loss": float(np.mean(losses)) if losses else float("nan"), "optimizer_steps": len(losses),
-                "clip_frac": mean("clip_frac"), "ratio_max": max((s["ratio_max"] for s in stats), default=1.0),
-                "approx_kl": mean("approx_kl"), "nonfinite": self.nonfinite}
+                "grad_norm": float(np.mean(norms)) if norms else float("nan"),
+                "clip_frac": mean("clip_frac"), "clip_frac_low": mean("clip_frac_low"),
+                "clip_frac_high": mean("clip_frac_high"), "ratio_mean": mean("ratio_mean"),
+                "ratio_max": max((s["ratio_max"] for s in stats), default=float("nan")),
+                "approx_kl": mean("approx_kl"), "skipped_steps": skipped, "nonfinite": self.nonfinite,
+                "old_logprobs_s": old_logprobs_s}
 
     # --- the run --------------------------------------------------------------------------------
 
@@ -337,21 +347,23 @@ class Trainer:
         dist.barrier()
 
     def log_step(self, roll: dict, upd: dict, generated: list, t_roll: float, t_train: float, run) -> None:
+        """One sectioned row (bfspo.training.step_metrics) to metrics.jsonl and W&B, and the step's trees.
+
+        W&B gets the rows when the step's checkpoint is due, so that a run resumed from its last
+        checkpoint logs each step into its W&B run exactly once (the steps redone after a crash were
+        never sent); metrics.jsonl is trimmed to the checkpoint by `restore`.
+        """
         from bfspo import tracking
 
-        ranks = dist.gather(roll)
-        row = {"step": self.step}
-        for key in roll:
-            vals = [r[key] for r in ranks]
-            row[key] = float(sum(vals)) if key in ("groups_kept", "groups_filtered", "chains", "tokens_unique",
-                                                   "tokens_total", "rollout_tokens", "backtracks") \
-                else max(vals) if key in ("len_max", "tree_depth_max", "gen_rounds") else float(np.nanmean(vals))
-        row.update(upd)
-        row.update(rollout_s=t_roll, train_s=t_train,
-                   rollout_tok_s=row["rollout_tokens"] / max(t_roll, 1e-9),
-                   train_tok_s=row["tokens_unique"] / max(t_train, 1e-9),
-                   packing_gain=row["tokens_total"] / max(row["tokens_unique"], 1),
-                   peak_mem_gb=max(dist.gather(peak_memory_gb())))
+        ranks = dist.gather(roll | step_metrics.tree_stats(generated))
+        stats = step_metrics.merge_ranks(ranks) | upd
+        old_s = upd.get("old_logprobs_s", 0.0)
+        stats.update(lr=self.optimizer.param_groups[0]["lr"], rollout_s=t_roll, update_s=t_train - old_s,
+                     rollout_tok_s=stats["rollout_tokens"] / max(t_roll, 1e-9),
+                     train_tok_s=stats["tokens_unique"] / max(t_train, 1e-9),
+                     packing_gain=stats["tokens_total"] / max(stats["tokens_unique"], 1),
+                     peak_mem_gb=max(dist.gather(peak_memory_gb())))
+        row = step_metrics.step_row(self.step, stats)
         trees = dist.gather([t.to_dict(decode=self.token_strings) for t in generated]) if self.cfg.log_trees else []
         if self.rank == 0:
             with (self.run_dir / "metrics.jsonl").open("a") as f:
@@ -360,7 +372,17 @@ class Trainer:
                 lines = [json.dumps(t) for part in trees for t in part]
                 atomic_write_text(self.run_dir / "trees" / f"step_{self.step:05d}.jsonl",
                                   "".join(line + "\n" for line in lines))
-            tracking.log(run, row, step=self.step)
+            self.wandb_pending.append(row)
+            if self.checkpoint_due():
+                samples = [t for part in trees for t in part]
+                if samples and run is not None:  # the last row of the flush carries the step's sample trees
+                    self.wandb_pending[-1] = row | {"rollout/samples": tracking.table(sample_table(samples, self.step))}
+                for pending in self.wandb_pending:
+                    tracking.log(run, pending, step=pending["step"])
+                self.wandb_pending = []
+
+    def checkpoint_due(self) -> bool:
+        return self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps
 
     def token_strings(self, ids: list[int]) -> list[str]:
         return [self.tokenizer.decode([i]) for i in ids]

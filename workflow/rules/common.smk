@@ -164,6 +164,13 @@ def table_runs(table):
     return [f"{RESULTS}/runs/{r}/done.json" for r, spec in RUNS.items() if _in_table(spec, table)]
 
 
+def tables_of(run):
+    """Every table that shows a training run, or, for a zero-shot run id, its model."""
+    if run in RUNS:
+        return [t for t in config["tables"] if _in_table(RUNS[run], t)]
+    return [t for t, spec in config["tables"].items() if ZERO_SHOT_RUNS[run][0] in spec["models"]]
+
+
 def _in_table(run, table):
     spec = config["tables"][table]
     return (
@@ -191,6 +198,8 @@ def table_spec(table):
                     selection=config["methods"][m].get("selection", "bfs"),
                     advantage=config["methods"][m].get("advantage", "branch"),
                     overlong=config["methods"][m].get("overlong", True),
+                    color=config["methods"][m].get("color"),
+                    color_index=list(config["methods"]).index(m),
                 )
                 for m in spec["methods"]
             ],
@@ -363,6 +372,9 @@ def train_settings(run):
             wandb_group=spec["table"],
             wandb_mode=WANDB["mode"],
             run_name=run,
+            method_key=spec["method"],
+            model_label=config["models"][spec["model"]]["label"],
+            tables=tables_of(run),
         )
     )
 
@@ -380,7 +392,8 @@ def eval_args(wildcards):
     args += [x for key in ("samples", "temperature") if key in b for x in (f"--{key}", b[key])]
     args += [x for key in ("engine", "batch_size", "limit") if key in EVALUATION for x in (f"--{key.replace('_', '-')}", EVALUATION[key])]
     args += ["--seed", EVALUATION.get("seed", 0)]
-    meta = dict(run=run, model=model, method=ZERO_SHOT)
+    meta = dict(run=run, model=model, model_label=config["models"][model]["label"], method=ZERO_SHOT,
+                tables=",".join(tables_of(run)))
     if run in RUNS:
         args += ["--adapter", f"{RESULTS}/runs/{run}/adapter"]
         meta |= dict(method=RUNS[run]["method"], train_set=RUNS[run]["train_set"], seed=RUNS[run]["seed"])

@@ -1,0 +1,116 @@
+"""The row one training step logs, in sections as TRL and verl name them.
+
+One row goes both to metrics.jsonl and to W&B, with the same keys:
+
+- `rollout/`: reward, accuracy and length of the first samples (with their spread), the fraction
+  cut off at the budget, entropy, dynamic-sampling counts and token counts;
+- `tree/`: depth, backtracks and their depth, branching nodes and the tied ones (children with
+  equal branch advantages: no signal at that node);
+- `advantage/`: mean, std and fraction zero of the kept trees' token advantages;
+- `train/`: loss, grad_norm, lr, clip fractions, ratio, approx_kl, optimizer steps and skipped
+  steps, present at every step (NaN when the step made no update);
+- `timing/`: seconds of the rollout, the old log-probs and the update; tokens/s; peak memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from bfspo.algorithm.advantages import keep_tree
+from bfspo.errors import BfspoError
+
+# flat statistic -> sectioned key
+SECTIONS = {
+    "reward_mean": "rollout/reward_mean", "reward_std": "rollout/reward_std",
+    "accuracy": "rollout/accuracy", "accuracy_std": "rollout/accuracy_std",
+    "len_mean": "rollout/len_mean", "len_std": "rollout/len_std", "len_max": "rollout/len_max",
+    "cutoff_frac": "rollout/cutoff_frac",
+    "accuracy_all_leaves": "rollout/accuracy_all_leaves", "len_mean_all_leaves": "rollout/len_mean_all_leaves",
+    "best_len_mean": "rollout/best_len_mean", "entropy_mean": "rollout/entropy_mean",
+    "entropy_max": "rollout/entropy_max", "groups_kept": "rollout/groups_kept",
+    "groups_filtered": "rollout/groups_filtered", "gen_rounds": "rollout/gen_rounds", "chains": "rollout/chains",
+    "tokens_unique": "rollout/tokens_unique", "tokens_total": "rollout/tokens_total",
+    "rollout_tokens": "rollout/tokens_generated", "packing_gain": "rollout/packing_gain",
+    "tree_depth_max": "tree/depth_max", "tree_depth_mean": "tree/depth_mean", "backtracks": "tree/backtracks",
+    "backtrack_depth_mean": "tree/backtrack_depth_mean", "branching_nodes": "tree/branching_nodes",
+    "tied_branching_nodes": "tree/tied_branching_nodes",
+    "adv_mean": "advantage/mean", "adv_std": "advantage/std", "adv_zero_frac": "advantage/zero_frac",
+    "loss": "train/loss", "grad_norm": "train/grad_norm", "lr": "train/lr", "clip_frac": "train/clip_frac",
+    "clip_frac_low": "train/clip_frac_low", "clip_frac_high": "train/clip_frac_high",
+    "ratio_mean": "train/ratio_mean", "ratio_max": "train/ratio_max", "approx_kl": "train/approx_kl",
+    "optimizer_steps": "train/optimizer_steps", "skipped_steps": "train/skipped_steps",
+    "nonfinite": "train/nonfinite_total",
+    "rollout_s": "timing/rollout_s", "old_logprobs_s": "timing/old_logprobs_s", "update_s": "timing/update_s",
+    "rollout_tok_s": "timing/rollout_tok_s", "train_tok_s": "timing/train_tok_s", "peak_mem_gb": "timing/peak_mem_gb",
+}
+# `train/` statistics every row carries: NaN on a step without an update, no optimizer step skipped
+TRAIN_DEFAULTS = {k: float("nan") for k in ("loss", "grad_norm", "clip_frac", "clip_frac_low", "clip_frac_high",
+                                            "ratio_mean", "ratio_max", "approx_kl", "old_logprobs_s")}
+TRAIN_DEFAULTS |= {"optimizer_steps": 0, "skipped_steps": 0}
+# statistics summed over ranks, and those whose maximum is kept; the others are averaged
+SUMMED = frozenset({"groups_kept", "groups_filtered", "chains", "tokens_unique", "tokens_total", "rollout_tokens",
+                    "backtracks", "branching_nodes", "tied_branching_nodes"})
+MAXED = frozenset({"len_max", "tree_depth_max", "gen_rounds", "entropy_max"})
+
+
+def _mean(xs) -> float:
+    return float(np.mean(xs)) if len(xs) else float("nan")
+
+
+def _std(xs) -> float:
+    return float(np.std(xs)) if len(xs) else float("nan")
+
+
+def tree_stats(trees: list) -> dict:
+    """Spread, cut-off fraction, tree shape and advantage statistics of one rank's generated trees."""
+    first = [t.segments[i].leaf for t in trees for i in t.leaves() if t.segments[i].iteration == 0]
+    branching = [[t.segments[c].advantage for c in t.children_of(s)]
+                 for t in trees for s in [None, *range(len(t.segments))] if len(t.children_of(s)) > 1]
+    adv = [a for t in trees if keep_tree(t) for a in token_advantages(t)]
+    return {
+        "reward_std": _std([leaf.reward for leaf in first]),
+        "accuracy_std": _std([leaf.correct for leaf in first]),
+        "len_std": _std([leaf.length for leaf in first]),
+        "cutoff_frac": _mean([not leaf.finished for leaf in first]),
+        "tree_depth_mean": _mean([max(t.segments[i].end for i in t.leaves()) for t in trees if t.leaves()]),
+        "branching_nodes": len(branching),
+        "tied_branching_nodes": sum(len(set(a)) == 1 for a in branching),
+        "adv_mean": _mean(adv),
+        "adv_std": _std(adv),
+        "adv_zero_frac": _mean([a == 0 for a in adv]),
+    }
+
+
+def token_advantages(tree) -> list[float]:
+    """The advantage of every unique token (branch) or of every chain token (global)."""
+    if tree.advantage_kind == "global":
+        return [tree.segments[i].leaf.advantage for i in tree.leaves()
+                for s in tree.path(i) for _ in tree.segments[s].token_ids]
+    return [s.advantage for s in tree.segments if s.advantage is not None for _ in s.token_ids]
+
+
+def merge_ranks(per_rank: list[dict]) -> dict:
+    """One rank-independent dict of statistics from each rank's."""
+    out = {}
+    for key in per_rank[0]:
+        vals = [r[key] for r in per_rank]
+        if key in SUMMED:
+            out[key] = float(sum(vals))
+        elif key in MAXED:
+            out[key] = max(vals)
+        else:
+            finite = [v for v in vals if not (isinstance(v, float) and math.isnan(v))]
+            out[key] = float(np.mean(finite)) if finite else float("nan")
+    return out
+
+
+def step_row(step: int, stats: dict) -> dict:
+    """The sectioned row of one step: every `train/` key present; an unknown statistic is a bug."""
+    flat = TRAIN_DEFAULTS | stats
+    unknown = sorted(set(flat) - set(SECTIONS))
+    if unknown:
+        raise BfspoError(f"step {step}: statistics without a section in bfspo.training.step_metrics: "
+                         f"{', '.join(unknown)}")
+    return {"step": step} | {SECTIONS[k]: v for k, v in flat.items()}

@@ -1,0 +1,67 @@
+"""The sectioned step row: every section's keys, train/ present (NaN) on a step without an update."""
+
+import math
+
+import pytest
+
+from bfspo.errors import BfspoError
+from bfspo.training import step_metrics
+
+
+def test_a_step_without_update_still_has_every_train_key():
+    row = step_metrics.step_row(3, {"reward_mean": 0.5, "loss": float("nan"), "optimizer_steps": 0})
+    assert row["step"] == 3 and row["rollout/reward_mean"] == 0.5
+    train = {k for k in row if k.startswith("train/")}
+    assert {"train/loss", "train/grad_norm", "train/clip_frac", "train/ratio_max", "train/approx_kl",
+            "train/skipped_steps", "train/optimizer_steps"} <= train
+    assert math.isnan(row["train/grad_norm"]) and row["train/skipped_steps"] == 0
+
+
+def test_every_key_has_a_section():
+    assert all(v.split("/")[0] in {"rollout", "tree", "advantage", "train", "timing"}
+               for v in step_metrics.SECTIONS.values())
+    with pytest.raises(BfspoError, match="without a section.*mystery"):
+        step_metrics.step_row(1, {"mystery": 1.0})
+
+
+def test_ranks_are_summed_maxed_or_averaged_ignoring_nan():
+    merged = step_metrics.merge_ranks([{"chains": 4, "len_max": 9, "accuracy": 0.5, "adv_mean": float("nan")},
+                                       {"chains": 6, "len_max": 7, "accuracy": 1.0, "adv_mean": 0.2}])
+    assert merged == {"chains": 10.0, "len_max": 9, "accuracy": 0.75, "adv_mean": 0.2}
+
+
+def test_tree_stats_of_figure1():
+    from bfspo.algorithm.advantages import assign_advantages, assign_rewards
+    from bfspo.algorithm.search import build_trees
+    from tests.test_search import Q, ScriptedEngine, correct, figure1_script
+
+    (tree,) = build_trees(ScriptedEngine(figure1_script()), [Q], [correct], group_size=4, k=1, budget=16, seed=5)
+    assign_rewards(tree, overlong=True)
+    assign_advantages(tree, "branch")
+    stats = step_metrics.tree_stats([tree])
+    adv = step_metrics.token_advantages(tree)
+    assert len(adv) == tree.n_tokens
+    assert stats["adv_zero_frac"] == pytest.approx(sum(a == 0 for a in adv) / len(adv))
+    assert stats["branching_nodes"] == 2  # the root (4 first samples) and the backtracking point (4 expansions)
+    assert stats["tied_branching_nodes"] == 0 and stats["cutoff_frac"] == 0.0 and stats["accuracy_std"] == 0.5
+    assert stats["tree_depth_mean"] == max(tree.segments[i].end for i in tree.leaves())
+
+
+def test_sample_table_renders_the_first_trees_as_bfspo_tree_show_does():
+    from bfspo.algorithm.advantages import assign_advantages, assign_rewards
+    from bfspo.algorithm.search import build_trees
+    from bfspo.reporting.tree_show import render_tree
+    from bfspo.training.samples import sample_table
+    from tests.test_search import Q, ScriptedEngine, correct, figure1_script
+
+    trees = build_trees(ScriptedEngine(figure1_script()), [Q, Q], [correct, correct], group_size=4, k=1, budget=16)
+    for i, tree in enumerate(trees):
+        assign_rewards(tree, overlong=True)
+        assign_advantages(tree, "branch")
+        tree.meta["question_id"] = f"q{i}"
+    dicts = [t.to_dict() for t in trees]
+    table = sample_table(dicts, step=7, n=1)
+    assert table.to_dict("records") == [{
+        "step": 7, "question_id": "q0", "leaves": len(trees[0].leaves()), "correct": trees[0].n_correct,
+        "best_length": dicts[0]["best"]["length"], "backtracks": len(trees[0].backtracking),
+        "tree": render_tree(dicts[0], title="step 7, question q0")}]
