@@ -205,7 +205,7 @@ def test_notes_name_the_runs_whose_batches_came_out_short(tmp_path, runs):
     def metrics(run, rows):
         path = tmp_path / "runs" / run / "metrics.jsonl"
         path.parent.mkdir(parents=True)
-        path.write_text("".join(json.dumps(dict(step=i + 1, chains=c, chains_target=64, batch_full=f)) + "\n"
+        path.write_text("".join(json.dumps({"step": i + 1, "rollout/chains": c, "rollout/chains_target": 64, "rollout/batch_full": f}) + "\n"
                                 for i, (c, f) in enumerate(rows)))
 
     metrics("m_ts_dapo_s0", [(64, True), (56, False), (64, True), (48, False)])

@@ -12,7 +12,7 @@ Source column, and DIR/<name>.csv with the same cells as numbers, one row per ce
   paper     the paper's printed number for the row above it (reported_results.csv);
   reported  rows the paper took from other work (SFT, TokenSkip, Tree of Thoughts), never run here.
 With --runs-dir, the Markdown notes name every training run of the table whose batches came out
-short (`batch_full` 0 or false in its metrics.jsonl: dynamic sampling ran out of rounds), with how many
+short (`rollout/batch_full` 0 or false in its metrics.jsonl: dynamic sampling ran out of rounds), with how many
 steps and the fewest chains. The spec (JSON text or a file; the workflow writes it, see workflow/rules/common.smk `table_spec`)
 names the table's layout, models, methods and columns (train set -> benchmark). Summaries are
 matched to cells by the meta that the workflow passes to `bfspo evaluate`: model, method
@@ -342,18 +342,18 @@ def write_table(spec: dict, rows: list[tuple[list[str], list, str]], out_dir: st
 
 
 def short_batch_notes(runs_dir: str | Path, runs: list[str]) -> list[str]:
-    """One note per training run whose metrics.jsonl logs a short batch (`batch_full` 0 or false)."""
+    """One note per training run whose metrics.jsonl logs a short batch (`rollout/batch_full` 0 or false)."""
     notes = []
     for run in runs:
         path = Path(runs_dir) / run / "metrics.jsonl"
         if not path.is_file():
             continue
-        rows = [r for _, r in read_jsonl(path, skipped=[]) if "batch_full" in r]
-        short = [r for r in rows if not r["batch_full"]]
+        rows = [r for _, r in read_jsonl(path, skipped=[]) if "rollout/batch_full" in r]
+        short = [r for r in rows if not r["rollout/batch_full"]]
         if short:
-            worst = min(short, key=lambda r: r["chains"])
+            worst = min(short, key=lambda r: r["rollout/chains"])
             notes.append(f"{run}: {len(short)} of {len(rows)} steps trained on a short batch (fewest: "
-                         f"{worst['chains']:.0f} of {worst['chains_target']:.0f} chains, step {worst['step']}).")
+                         f"{worst['rollout/chains']:.0f} of {worst['rollout/chains_target']:.0f} chains, step {worst['step']}).")
     return notes
 
 

@@ -31,6 +31,8 @@ SECTIONS = {
     "best_len_mean": "rollout/best_len_mean", "entropy_mean": "rollout/entropy_mean",
     "entropy_max": "rollout/entropy_max", "groups_kept": "rollout/groups_kept",
     "groups_filtered": "rollout/groups_filtered", "gen_rounds": "rollout/gen_rounds", "chains": "rollout/chains",
+    "questions_generated": "rollout/questions_generated", "questions_kept": "rollout/questions_kept",
+    "trees": "rollout/trees", "chains_target": "rollout/chains_target", "batch_full": "rollout/batch_full",
     "tokens_unique": "rollout/tokens_unique", "tokens_total": "rollout/tokens_total",
     "rollout_tokens": "rollout/tokens_generated", "packing_gain": "rollout/packing_gain",
     "tree_depth_max": "tree/depth_max", "tree_depth_mean": "tree/depth_mean", "backtracks": "tree/backtracks",
