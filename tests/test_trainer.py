@@ -314,7 +314,7 @@ def test_a_failed_start_leaves_no_config_behind(tiny_model_dir, train_data, tmp_
 
 def test_a_run_without_optimizer_steps_is_not_marked_done(tiny_model_dir, train_data, tmp_path):
     out = tmp_path / "run"
-    proc = run_train(tiny_model_dir, train_data, out, steps=2, budget=5)
+    proc = run_train(tiny_model_dir, train_data, out, steps=2, budget=5, max_gen_rounds=1, oversample=1)
     assert proc.returncode == 2 and "no optimizer step in 2 steps" in proc.stderr
     assert not (out / "done.json").exists()
 

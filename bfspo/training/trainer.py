@@ -391,7 +391,7 @@ class Trainer:
         """The final adapter (through a temporary folder), then done.json last; a run in which no
         optimizer step was taken is an error, not a finished run."""
         rows = [r for _, r in read_jsonl(self.run_dir / "metrics.jsonl")]
-        if not any(r.get("optimizer_steps") for r in rows):
+        if not any(r.get("train/optimizer_steps") for r in rows):
             raise BfspoError(f"{self.run_dir}: no optimizer step in {self.step} steps (every batch was filtered "
                              "out or skipped), so nothing was trained; check the budget, the data and the model")
         final, tmp = self.run_dir / "adapter", self.run_dir / "adapter.tmp"
