@@ -311,35 +311,33 @@ class Trainer:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
         previous = signal.signal(signal.SIGTERM, on_sigterm)
-        try:
-            while self.step < cfg.steps:
-                self.step += 1
-                t0 = time.perf_counter()
-                batch, generated, roll = self.rollout()
-                t1 = time.perf_counter()
-                if dist.sum_scalar(len(batch)) == 0:
-                    self.empty_steps += 1
-                    if self.empty_steps >= cfg.max_empty_steps:
-                        raise BfspoError(f"step {self.step}: every tree of the last {self.empty_steps} batches was "
-                                         "filtered out (all answers right or all wrong); the data gives no signal "
-                                         "for this model")
-                    upd = {"loss": float("nan"), "optimizer_steps": 0, "nonfinite": self.nonfinite}
-                else:
-                    self.empty_steps = 0
-                    upd = self.update(batch)
-                t2 = time.perf_counter()
-                self.log_step(roll, upd, generated, t1 - t0, t2 - t1, run)
-                stop = dist.sum_scalar(len(terminated)) > 0  # every rank stops at the same step
-                if self.step % cfg.save_every == 0 or self.step == cfg.steps or stop:
-                    self.save_checkpoint()
-                bar.update(1)
-                bar.set_postfix(acc=f"{roll['accuracy']:.2f}", len=f"{roll['len_mean']:.0f}")
-                if stop:
-                    tqdm.write(f"SIGTERM: stopped after step {self.step}, checkpoint saved; "
-                               "the same command resumes the run")
-                    raise SystemExit(128 + signal.SIGTERM)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        while self.step < cfg.steps:
+            self.step += 1
+            t0 = time.perf_counter()
+            batch, generated, roll = self.rollout()
+            t1 = time.perf_counter()
+            if dist.sum_scalar(len(batch)) == 0:
+                self.empty_steps += 1
+                if self.empty_steps >= cfg.max_empty_steps:
+                    raise BfspoError(f"step {self.step}: every tree of the last {self.empty_steps} batches was "
+                                     "filtered out (all answers right or all wrong); the data gives no signal "
+                                     "for this model")
+                upd = {"loss": float("nan"), "optimizer_steps": 0, "nonfinite": self.nonfinite}
+            else:
+                self.empty_steps = 0
+                upd = self.update(batch)
+            t2 = time.perf_counter()
+            self.log_step(roll, upd, generated, t1 - t0, t2 - t1, run)
+            stop = dist.sum_scalar(len(terminated)) > 0  # every rank stops at the same step
+            if self.step % cfg.save_every == 0 or self.step == cfg.steps or stop:
+                self.save_checkpoint()
+            bar.update(1)
+            bar.set_postfix(acc=f"{roll['accuracy']:.2f}", len=f"{roll['len_mean']:.0f}")
+            if stop:
+                tqdm.write(f"SIGTERM: stopped after step {self.step}, checkpoint saved; "
+                           "the same command resumes the run")
+                raise SystemExit(128 + signal.SIGTERM)
+        signal.signal(signal.SIGTERM, previous)
         bar.close()
         if self.rank == 0:
             self.finish()
