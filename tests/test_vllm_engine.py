@@ -212,7 +212,7 @@ def train_data(tmp_path_factory):
 
 def train_args(model_dir, data, out, engine, steps):
     values = dict(model=model_dir, train_data=data, benchmark="gsm8k_train", k=2, group_size=4, budget=24,
-                  steps=steps, train_batch_chains=16, mini_batch_chains=8, lr=1e-2, save_every=1,
+                  steps=steps, train_batch=16, mini_batch=8, lr=1e-2, save_every=1,
                   max_empty_steps=50, threads=1, engine=engine)
     return ["train", "--output-dir", out, "--set", *[f"{k}={v}" for k, v in values.items()]]
 
@@ -248,6 +248,23 @@ def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(
     def mean(rows, key):
         return sum(r[key] for r in rows) / len(rows)
 
-    assert mean(ours, "len_mean") == pytest.approx(mean(ref, "len_mean"), rel=0.15)
-    assert mean(ours, "entropy_mean") == pytest.approx(mean(ref, "entropy_mean"), rel=0.10)
-    assert mean(ours, "accuracy") == pytest.approx(mean(ref, "accuracy"), abs=0.25)
+    assert mean(ours, "rollout/len_mean") == pytest.approx(mean(ref, "rollout/len_mean"), rel=0.15)
+    assert mean(ours, "rollout/entropy_mean") == pytest.approx(mean(ref, "rollout/entropy_mean"), rel=0.10)
+    assert mean(ours, "rollout/accuracy") == pytest.approx(mean(ref, "rollout/accuracy"), abs=0.25)
+
+
+def test_two_ranks_each_train_with_their_own_engine(model_dir, train_data, tmp_path):
+    """Data parallelism as the train rule launches it: torchrun, 2 ranks (gloo), one vLLM engine per
+    rank through vLLM's external_launcher backend; both ranks' shares fill the batch."""
+    import os
+
+    import torch
+
+    out = tmp_path / "ddp"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                           "-m", "bfspo.cli", *map(str, train_args(model_dir, train_data, out, "vllm", 2))],
+                          env={**os.environ, **ENV_KEYS}, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(torch.load(out / "checkpoint" / "state.pt", weights_only=False)["cursors"]) == 2
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [1, 2] and all(r["train/optimizer_steps"] >= 1 for r in rows)

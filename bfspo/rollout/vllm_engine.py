@@ -62,6 +62,16 @@ def platform_options(is_cpu: bool, model_path: str, max_model_len: int | None, g
                 max_num_batched_tokens=max(max_model_len, 8192))
 
 
+def launch_options() -> dict:
+    """Under torchrun every rank builds its own engine on its own device, with vLLM's
+    `external_launcher` backend (as TRL does), instead of vLLM starting workers of its own."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dict(distributed_executor_backend="external_launcher")
+    return {}
+
+
 def _is_peft(model) -> bool:
     return model is not None and hasattr(model, "peft_config")
 
@@ -114,7 +124,7 @@ class VLLMEngine:
                                        gpu_memory_utilization, cpu_kv_cache_gib)
         self.llm = vllm.LLM(model=model_path, enable_prefix_caching=True, tensor_parallel_size=tensor_parallel_size,
                             max_model_len=max_model_len, max_num_seqs=batch_size, dtype=dtype, seed=seed,
-                            logprobs_mode="raw_logprobs", **platform_kw, **lora_kw)
+                            logprobs_mode="raw_logprobs", **platform_kw, **lora_kw, **launch_options())
         self._SamplingParams = vllm.SamplingParams
         if adapter is not None:
             self._use_adapter(str(adapter))
