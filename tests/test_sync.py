@@ -38,3 +38,22 @@ def test_sync_of_a_folder_without_runs_is_an_error(tmp_path, capsys):
     assert "no offline W&B runs" in capsys.readouterr().err
     with pytest.raises(BfspoError, match="no such results folder"):
         offline_runs(tmp_path / "missing")
+
+
+def test_sync_runs_wandb_sync_on_each_run_and_names_the_failures(tmp_path, offline, monkeypatch, capsys):
+    import subprocess
+    from types import SimpleNamespace
+
+    results = tmp_path / "results"
+    _run(results / "runs" / "a", "train")
+    _run(results / "eval" / "a" / "toy", "eval")
+    calls = []
+
+    def fake_run(cmd):
+        calls.append(cmd)
+        return SimpleNamespace(returncode=1 if "/eval/" in cmd[-1] else 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert cli.main(["sync", str(results)]) == 2
+    assert [c[1:-1] for c in calls] == [["sync"], ["sync"]] and [c[-1] for c in calls] == list(map(str, offline_runs(results)))
+    assert "wandb sync failed for 1 of 2 offline runs" in capsys.readouterr().err

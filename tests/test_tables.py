@@ -94,6 +94,7 @@ def test_csv_holds_numbers_with_intervals_and_seed_counts(tmp_path, runs, report
     assert dapo.loc["acc", "n_seeds"] == 2 and 82.0 <= dapo.loc["acc", "ci_low"] <= dapo.loc["acc", "ci_high"] <= 84.0
     glob = csv[(csv.Method == "Global Adv.") & (csv.Source == "ours")].set_index("metric")
     assert (glob.loc["acc", "ci_low"], glob.loc["avg_len", "ci_high"], glob.loc["acc", "n_seeds"]) == (70.0, 171.0, 1)
+    assert pd.isna(glob.loc["acc", "std"])  # no spread over one seed
     assert glob.loc["aes", "mean"] == pytest.approx(-0.05) and pd.isna(glob.loc["aes", "ci_low"])
     paper = csv[(csv.Method == "DAPO") & (csv.Source == "paper")].set_index("metric")
     assert paper.loc["acc", "mean"] == 83.0 and pd.isna(paper.loc["acc", "n_seeds"])

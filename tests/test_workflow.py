@@ -350,7 +350,7 @@ def test_test_config_runs_end_to_end(tmp_path):
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
 
-    table = pd.read_csv(tmp_path / "results/tables/toy-test-ablation.csv", keep_default_na=False)
+    table = pd.read_csv(tmp_path / "results/tables/toy-test-ablation.csv", dtype={"K": str})
     rows = table.drop_duplicates(["Method", "K"])
     assert rows["Method"].tolist() == ["Zero-shot", "DAPO", "BFS-PO", "BFS-PO", "BFS-PO", "w/o BFS", "Global Adv.", "w/o R_l"]
     assert rows["K"].astype(str).tolist() == ["-", "0", "1", "2", "3", "3", "3", "3"] and set(table["Source"]) == {"ours"}

@@ -176,7 +176,7 @@ def curve_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
                 raw, smooth = _seed_curves(frames, key)
                 colour, mean = colours[method], smooth.mean(axis=1)
                 ax.plot(raw.index, raw.mean(axis=1), color=colour, alpha=0.25, lw=0.8)
-                ax.plot(mean.index, mean, color=colour, lw=1.8, label=f"{labels[method]} ({raw.shape[1]} seeds)")
+                ax.plot(mean.index, mean, color=colour, lw=1.8, label=f"{labels[method]} ({raw.shape[1]} seed{'s' if raw.shape[1] > 1 else ''})")
                 if raw.shape[1] > 1:
                     sd = smooth.std(axis=1)
                     ax.fill_between(mean.index, mean - sd, mean + sd, color=colour, alpha=0.2, lw=0)
@@ -214,6 +214,8 @@ def backtracking_depths(run_dir: Path) -> tuple[list[float], list[float]]:
 
 def backtracking_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Small multiples: one row per searching method, depth in tokens (left) and relative (right)."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = _pyplot()
     labels, colours = _method_labels(spec), _colours(spec)
     model_labels, train_labels = _labels_of(spec)
@@ -242,6 +244,7 @@ def backtracking_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[
             for ax in (ax1, ax2):
                 ax.grid(alpha=0.3)
                 ax.tick_params(labelsize=7)
+                ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         axes[-1][0].set_xlabel("backtracking depth (tokens from the prompt)")
         axes[-1][1].set_xlabel("backtracking depth / length of its path")
         axes[0][0].set_title("count of backtracking tokens", fontsize=8)

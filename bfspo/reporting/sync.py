@@ -42,9 +42,9 @@ def run(args) -> int:
     wandb_cli = shutil.which("wandb")
     if wandb_cli is None:
         raise BfspoError("the `wandb` command is not on PATH (it comes with the wandb package)")
-    for p in runs:
-        proc = subprocess.run([wandb_cli, "sync", str(p)])
-        if proc.returncode:
-            raise BfspoError(f"wandb sync {p} failed (exit {proc.returncode})")
+    failed = [p for p in runs if subprocess.run([wandb_cli, "sync", str(p)]).returncode]
+    if failed:
+        raise BfspoError(f"wandb sync failed for {len(failed)} of {len(runs)} offline runs: "
+                         + ", ".join(map(str, failed)))
     print(f"synced {len(runs)} offline runs from {args.results}")
     return 0

@@ -159,7 +159,7 @@ def _stat(values: pd.Series, ci_low: float, ci_high: float) -> Stat:
     x = values.dropna()
     if len(x) > 1:
         return Stat(float(x.mean()), float(x.std(ddof=1)), len(x), *bootstrap_ci(x.to_numpy()))
-    return Stat(float(x.mean()) if len(x) else math.nan, 0.0, len(x), ci_low, ci_high)
+    return Stat(float(x.mean()) if len(x) else math.nan, math.nan, len(x), ci_low, ci_high)
 
 
 def aggregate(scored: pd.DataFrame) -> dict[tuple, dict[str, Stat]]:
