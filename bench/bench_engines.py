@@ -61,7 +61,7 @@ def rollout_rate(engine_name: str, args) -> tuple[float, float, int]:
 def rl_step_times(engine_name: str, args, out_dir: Path) -> tuple[float, float]:
     """Median (rollout seconds, update seconds) per step of a short `bfspo train` with `engine_name`."""
     values = dict(model=args.model, train_data=args.data, benchmark="toy", budget=args.budget, k=3, group_size=8,
-                  train_batch_chains=64, mini_batch_chains=32, lr=2e-3, steps=args.steps, save_every=args.steps,
+                  train_batch=64, mini_batch=32, lr=2e-3, steps=args.steps, save_every=args.steps,
                   threads=1, log_trees=False, engine=engine_name)
     cmd = [sys.executable, "-m", "bfspo.cli", "train", "--output-dir", str(out_dir),
            "--set", *[f"{k}={v}" for k, v in values.items()]]

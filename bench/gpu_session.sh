@@ -56,8 +56,8 @@ for method in dapo:0 bfspo:3; do
   name=${method%:*}
   step "train $name (bf16 on CUDA when visible)"
   bfspo train --output-dir "$WORK/runs/$name" --set model="$WORK/model" train_data="$WORK/data/rl_train.jsonl" \
-    benchmark=toy budget=160 k="${method#*:}" steps="$STEPS" train_batch_chains="$CHAINS" \
-    mini_batch_chains="$MINI" lr=1e-3 save_every=1000 >&3 2>&1
+    benchmark=toy budget=160 k="${method#*:}" steps="$STEPS" train_batch="$CHAINS" \
+    mini_batch="$MINI" lr=1e-3 save_every=1000 >&3 2>&1
   for bench in toy:160 toy_ood:256; do
     b=${bench%:*}
     step "evaluate $name on $b"
