@@ -19,6 +19,8 @@ COMMANDS = {
     "evaluate": ("bfspo.evaluation.evaluate", "evaluate a model (optionally with a LoRA adapter) on one benchmark"),
     "train": ("bfspo.training.trainer", "train one model with DAPO, BFS-PO or an ablation variant"),
     "toy": ("bfspo.toy.cli", "build the embedded toy task and its tiny reasoning model"),
+    "stand-in": ("bfspo.stand_in", "build a tiny random-init model that stands in for a hub model"),
+    "rehearsal-config": ("bfspo.rehearsal", "derive the rehearsal config (tiny stand-in models) from the paper config"),
     "tables": ("bfspo.reporting.tables", "build the paper's tables from evaluation summaries"),
     "figures": ("bfspo.reporting.figures", "draw the Pareto, training-curve and backtracking figures"),
     "tree": ("bfspo.reporting.tree_show", "render logged search trees as text"),

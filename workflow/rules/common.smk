@@ -36,7 +36,7 @@ validate(config, schema="../schemas/config.schema.yaml")
 # Conda environment of every rule (`--sdm conda`); without it the rules use the active venv.
 CONDA_ENV = "../envs/bfspo.yaml"
 
-RESULTS = "results"
+RESULTS = config.get("results", "results")
 ZERO_SHOT = "zero-shot"
 TOY_DATA_FILES = ["train", "rl_train", "toy", "toy_ood"]
 PREPARED_SPLITS = ["gsm8k_train", "math_train", "gsm8k", "math500", "mmlu_stem", "aime25", "minerva_math"]
@@ -260,10 +260,28 @@ def model_of(run):
     return RUNS[run]["model"] if run in RUNS else ZERO_SHOT_RUNS[run][0]
 
 
+def stand_in_path(size):
+    return f"{config['stand_ins']['dir']}/{size}"
+
+
 def model_inputs(model):
-    """A model built by this workflow (the toy) is an input; a hub id or an outside path is not."""
-    path = config["models"][model]["path"]
-    return [path] if "toy" in config and path == config["toy"]["model_dir"] else []
+    """A model built by this workflow (the toy, a stand-in) is an input; a hub id or an outside path is not."""
+    spec = config["models"][model]
+    built = []
+    if "toy" in config:
+        built.append(config["toy"]["model_dir"])
+    if "stand_ins" in config:
+        built.append(stand_in_path(spec["size"]))
+    return [spec["path"]] if spec["path"] in built else []
+
+
+def stand_in_data():
+    """What a stand-in's tokenizer and max positions cover: every train set and benchmark, as
+    `BENCHMARK=FILE` (the benchmark whose prompt renders the file), and the largest budget."""
+    pairs = {f"{s['benchmark']}={s['data']}" for s in config["train_sets"].values()}
+    pairs |= {f"{name}={b['data']}" for name, b in config["benchmarks"].items()}
+    budget = max(s["budget"] for s in list(config["train_sets"].values()) + list(config["benchmarks"].values()))
+    return sorted(pairs), budget
 
 
 def size_class(run):
