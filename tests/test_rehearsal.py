@@ -83,7 +83,7 @@ def test_rehearsal_plans_the_papers_jobs_plus_one_stand_in_per_size_class(rehear
     assert "--model results/rehearsal/models/8b" in aime
 
 
-@pytest.mark.slow
+@pytest.mark.rehearsal
 def test_rehearsal_fills_every_cell_of_every_paper_table(tmp_path):
     """`make rehearsal` with the transformers engine: the paper's DAG end to end on tiny stand-ins."""
     env = workflow_copy(tmp_path)
