@@ -20,7 +20,7 @@ from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl, write_json
 
 VOCAB_SIZE = 512
-HIDDEN_SIZE = 64
+HIDDEN_SIZE = 128  # 4 heads of 32: the smallest head dim that vLLM's CPU attention supports
 LAYERS = 2
 
 
