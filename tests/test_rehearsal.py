@@ -84,9 +84,10 @@ def test_rehearsal_plans_the_papers_jobs_plus_one_stand_in_per_size_class(rehear
     assert "--model results/rehearsal/models/8b" in aime
 
 
-@pytest.mark.rehearsal
+@pytest.mark.slow
 def test_rehearsal_fills_every_cell_of_every_paper_table(tmp_path):
-    """`make rehearsal` with the transformers engine: the paper's DAG end to end on tiny stand-ins."""
+    """`make rehearsal REHEARSAL_ENGINE=transformers` in a fresh copy: the paper's DAG end to end on
+    tiny stand-ins, from `bfspo prepare` to the reports (10 min on a shared 2-core machine)."""
     env = workflow_copy(tmp_path)
     (tmp_path / "data/raw").symlink_to(ROOT / "data/raw")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
