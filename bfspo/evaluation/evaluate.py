@@ -44,8 +44,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="evaluate only the first N questions")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
-                        help="vLLM: fraction of GPU memory (of CPU memory on the CPU backend) it may take")
     parser.add_argument("--meta", nargs="*", default=[], metavar="KEY=VALUE",
                         help="labels copied into summary.json (e.g. method=bfspo k=3)")
     parser.add_argument("--wandb-project", help="also log the summary to this W&B project (job_type eval)")
@@ -137,8 +135,7 @@ def build_engine(args) -> tuple[RolloutEngine, object, int | None]:
             check_adapter(args.adapter, args.model)
         tokenizer = load_tokenizer(args.model)
         engine = make_engine("vllm", None, tokenizer, model_path=args.model, adapter=args.adapter,
-                             batch_size=args.batch_size, seed=args.seed, progress=True,
-                             gpu_memory_utilization=args.gpu_memory_utilization)
+                             batch_size=args.batch_size, seed=args.seed, progress=True)
     else:
         model, tokenizer = load_model(args.model, args.adapter)
         config = model.config
@@ -192,8 +189,6 @@ def evaluate(args) -> int:
     temperature = benchmark.temperature if args.temperature is None else args.temperature
     if budget < 1 or samples < 1 or temperature < 0 or args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         raise BfspoError("--budget, --samples, --batch-size and --limit must be positive, --temperature >= 0")
-    if not 0 < args.gpu_memory_utilization <= 1:
-        raise BfspoError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     if samples > 1 and temperature == 0:
         raise BfspoError(f"{samples} samples per question at temperature 0 would all be the same greedy response")
     rows = read_questions(args.data, benchmark, args.limit)
