@@ -24,7 +24,7 @@ from bfspo.io import atomic_write_text
 
 RESULTS = "results/rehearsal"
 NOTE = "REHEARSAL: tiny random-init stand-in models; the numbers mean nothing"
-TRAIN_SIZE = dict(steps=1, group_size=2, train_batch_chains=2, mini_batch_chains=2, max_gen_rounds=1, threads=1)
+TRAIN_SIZE = dict(steps=1, group_size=2, train_batch=1, mini_batch=1, oversample=1.0, max_gen_rounds=1, threads=1)
 EVAL_LIMIT = 2
 CPU_CLASS = dict(gpus=0, cpus=1, mem_mb=4000, train_runtime=60, eval_runtime=60)
 README = f"""# {NOTE}
