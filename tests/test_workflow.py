@@ -319,7 +319,11 @@ def workflow_copy(tmp_path: Path) -> dict:
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
     (tmp_path / "data").mkdir()
     shutil.copy(ROOT / "data/reported_results.csv", tmp_path / "data")
-    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="disabled")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="disabled")
+    # An earlier test may have started wandb's service in this process: the jobs must start their own,
+    # or their offline runs are written by a service that this process owns.
+    env.pop("WANDB_SERVICE", None)
+    return env
 
 
 @pytest.mark.slow
