@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -33,3 +34,13 @@ def tiny_model_dir(tmp_path_factory):
     tok = train_tokenizer(TINY_CORPUS, vocab_size=320)
     model = new_model(tok, hidden_size=32, layers=2, heads=4, kv_heads=2, seed=0)
     return save_model_dir(model, tok, tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(scope="module")
+def train_data(tmp_path_factory):
+    """24 one-step word problems in the prepared JSONL format (answers 0-9), for `bfspo train`."""
+    rows = [{"id": str(i), "question": f"Tom has {i} apples and buys 3 more. How many?", "answer": str(i % 10)}
+            for i in range(24)]
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

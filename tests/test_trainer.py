@@ -20,15 +20,6 @@ HELPERS = Path(__file__).parent / "helpers"
 ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="module")
-def train_data(tmp_path_factory):
-    rows = [{"id": str(i), "question": f"Tom has {i} apples and buys 3 more. How many?", "answer": str(i % 10)}
-            for i in range(24)]
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def train_args(model_dir, data, out, **overrides):
     values = dict(model=model_dir, train_data=data, benchmark="gsm8k_train", k=2, group_size=4, budget=24, steps=2,
                   train_batch=16, mini_batch=8, lr=1e-2, save_every=1, max_empty_steps=50, threads=1)

@@ -201,15 +201,6 @@ def test_zero_shot_greedy_evaluation_gives_the_same_answers_with_both_engines(mo
     assert [s["response"] for s in samples["vllm"]] == [s["response"] for s in samples["transformers"]]
 
 
-@pytest.fixture(scope="module")
-def train_data(tmp_path_factory):
-    rows = [{"id": str(i), "question": f"Tom has {i} apples and buys 3 more. How many?", "answer": str(i % 10)}
-            for i in range(24)]
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def train_args(model_dir, data, out, engine, steps):
     values = dict(model=model_dir, train_data=data, benchmark="gsm8k_train", k=2, group_size=4, budget=24,
                   steps=steps, train_batch=16, mini_batch=8, lr=1e-2, save_every=1,
