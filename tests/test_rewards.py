@@ -400,3 +400,16 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_worker_that_died_between_calls_is_replaced_without_a_broken_pipe():
+    """A dead child leaves unread bytes in its stdin buffer; closing that pipe must not raise."""
+    from bfspo.tasks.verify import _VerifyWorker
+
+    worker = _VerifyWorker()
+    assert worker.verify("1/2", "\\frac{2}{4}", 30.0) is True
+    worker._proc.kill()
+    worker._proc.wait()
+    worker._proc.poll = lambda: None  # it dies just after the liveness check: the request hits a broken pipe
+    assert worker.verify("1/3", "\\frac{3}{9}", 30.0) is True  # the dead one is closed and replaced
+    worker.close()

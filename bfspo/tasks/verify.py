@@ -277,7 +277,10 @@ class _VerifyWorker:
             self._proc.kill()
             self._proc.wait()
             for pipe in (self._proc.stdin, self._proc.stdout):
-                pipe.close()
+                try:  # closing stdin flushes what a dead child never read: a broken pipe, nothing to keep
+                    pipe.close()
+                except OSError:
+                    pass
             self._proc = None
 
 
