@@ -329,7 +329,7 @@ class Trainer:
             t2 = time.perf_counter()
             self.log_step(roll, upd, generated, t1 - t0, t2 - t1, run)
             stop = dist.sum_scalar(len(terminated)) > 0  # every rank stops at the same step
-            if self.step % cfg.save_every == 0 or self.step == cfg.steps or stop:
+            if self.checkpoint_due() or stop:
                 self.save_checkpoint()
             bar.update(1)
             bar.set_postfix(acc=f"{roll['accuracy']:.2f}", len=f"{roll['len_mean']:.0f}")
