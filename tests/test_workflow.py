@@ -87,14 +87,25 @@ def test_lint_is_clean(configfile):
         (lambda c: c["models"]["toy"].update(size="huge"), "unknown size class 'huge'"),
         (lambda c: c["train"].update(batch_unit="tokens"), "'tokens'"),
         (lambda c: c["train"].update(overlong_window="verl"), "'verl'"),
+        (lambda c: c["train_sets"]["toy"].update(benchmark="gsm9k"), "'gsm9k' is not one of"),
+        (lambda c: c["benchmarks"].update(gsm9k=c["benchmarks"]["toy"]), "'gsm9k' is not one of"),
     ],
     ids=["unknown-key", "unknown-nested-key", "per-run-key-in-train", "bad-enum", "bad-mode", "no-seeds",
-         "unknown-method", "unknown-size", "bad-batch-unit", "bad-overlong-window"],
+         "unknown-method", "unknown-size", "bad-batch-unit", "bad-overlong-window", "unknown-train-benchmark",
+         "unknown-benchmark"],
 )
 def test_invalid_config_stops_naming_the_problem(tmp_path, edit, named):
     proc = snakemake("-n", "--nolock", "--configfile", str(write_config(tmp_path, "config/config.yaml", edit)))
     assert proc.returncode != 0
     assert named in proc.stdout + proc.stderr
+
+
+def test_the_schemas_benchmarks_are_bfspos_registry():
+    """The planner checks benchmark names without importing bfspo: its enum must be the registry."""
+    from bfspo.tasks.benchmarks import BENCHMARKS
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    assert schema["$defs"]["benchmark"]["enum"] == list(BENCHMARKS)
 
 
 def test_a_learning_rate_in_exponent_notation_is_a_number(tmp_path):
