@@ -251,6 +251,18 @@ def test_torn_metrics_line_and_early_kill_do_not_break_resume(tiny_model_dir, tr
     assert proc.returncode == 0, proc.stderr
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
+    assert f"{out / 'metrics.jsonl'}:2: dropped a torn last line" in proc.stdout
+
+
+def test_a_torn_metrics_line_in_the_middle_is_named(tiny_model_dir, train_data, tmp_path):
+    """Only the last line can be torn by a kill: a bad line before it stops the resume, named."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 0.1}\n{"step": 2, "lo\n{"step": 3, "loss": 0.1}\n')
+    proc = run_train(tiny_model_dir, train_data, out, steps=2, save_every=5)
+    assert proc.returncode == 2
+    assert f"{out / 'metrics.jsonl'}:2: not valid JSON" in proc.stderr and "in the middle of the file" in proc.stderr
+    assert not (out / "done.json").exists()
 
 
 def test_a_second_trainer_on_the_same_directory_is_refused(tiny_model_dir, train_data, tmp_path):

@@ -108,6 +108,30 @@ def peak_memory_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
+def read_metrics(path: Path) -> list[tuple[int, dict]]:
+    """(line, row) of each readable row of a run's metrics.jsonl.
+
+    A kill while a row is appended leaves a torn last line: it is dropped, and said so. A bad line
+    anywhere else was not written by an interrupted trainer (an edit, another writer, a damaged
+    disk): a BfspoError names the file and line.
+    """
+    skipped: list[dict] = []
+    rows = list(read_jsonl(path, skipped=skipped))
+    last_row = rows[-1][0] if rows else 0
+    torn = skipped[-1] if skipped and skipped[-1]["line"] > last_row else None
+    middle = [s for s in skipped if s is not torn]
+    if middle:
+        bad = middle[0]
+        raise BfspoError(f"{path}:{bad['line']}: {bad['problem']}, in the middle of the file ({len(middle)} such "
+                         "line(s)); only the last line can be torn by a kill, so the file was changed by another "
+                         "writer or by hand. Repair or delete that line (rows after the last checkpoint are "
+                         "dropped on resume anyway), or start the run over in a new directory")
+    if torn is not None:
+        tqdm.write(f"{path}:{torn['line']}: dropped a torn last line ({torn['problem']}), "
+                   "left by an interrupted run")
+    return rows
+
+
 class Trainer:
     """Holds the model, optimizer, engine and data cursor of one run; `fit()` runs it to the end."""
 
@@ -283,8 +307,9 @@ class Trainer:
             tqdm.write(f"resuming {self.run_dir} from step {self.step}")
         metrics = self.run_dir / "metrics.jsonl"
         if self.rank == 0 and metrics.exists():  # drop rows logged after the checkpoint, and a torn last line
-            rows = [r for _, r in read_jsonl(metrics, skipped=[]) if r["step"] <= self.step]
-            atomic_write_text(metrics, "".join(json.dumps(r) + "\n" for r in rows))
+            rows = [r for _, r in read_metrics(metrics)]
+            kept = [r for r in rows if r["step"] <= self.step]
+            atomic_write_text(metrics, "".join(json.dumps(r) + "\n" for r in kept))
 
     def save_checkpoint(self) -> None:
         state = self.state()
