@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -179,3 +184,49 @@ def test_eval_run_has_intervals_in_its_summary_a_samples_table_and_tags(tiny_mod
     assert wb["eval/accuracy"] == pytest.approx(summary["accuracy"])
     assert [wb["eval/avg_length_ci_low"], wb["eval/avg_length_ci_high"]] == pytest.approx(summary["avg_length_ci"])
     assert wb["eval/samples._type"] == "table-file" and wb["eval/samples.nrows"] == 3
+
+
+def test_a_killed_evaluation_resumes_to_the_uninterrupted_result(tiny_model_dir, tmp_path):
+    """SIGKILL in the middle of a sampled evaluation, then the same command again: the batches on file
+    in samples.partial.jsonl are kept (not generated again), the others are generated with their own
+    seeds, and samples.jsonl and summary.json equal those of an uninterrupted run."""
+    rows = [{"id": f"q{i}", "question": f"What is {i} plus {'one ' * (i % 5)}two?", "answer": str(i + 2)}
+            for i in range(40)]
+    data = write_rows(tmp_path / "gsm8k.jsonl", rows)
+
+    def command(out_dir):
+        return [sys.executable, "-m", "bfspo.cli", "evaluate", "--model", str(tiny_model_dir), "--benchmark", "gsm8k",
+                "--data", str(data), "--out-dir", str(out_dir), "--budget", "24", "--samples", "2",
+                "--temperature", "1", "--batch-size", "4", "--seed", "3"]
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert subprocess.run(command(whole), env=env, capture_output=True, timeout=300).returncode == 0
+
+    partial = resumed / "samples.partial.jsonl"
+    proc = subprocess.Popen(command(resumed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while proc.poll() is None and time.time() < deadline and not (
+            partial.exists() and len(partial.read_text().splitlines()) >= 4):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (resumed / "summary.json").exists() and not (resumed / "samples.jsonl").exists()
+    on_file = []
+    for line in partial.read_text().splitlines()[1:]:
+        try:
+            on_file.append(json.loads(line))
+        except json.JSONDecodeError:  # the batch being appended when the kill came
+            pass
+    assert 3 <= len(on_file) < 20, "the evaluation was not killed in the middle"
+
+    again = subprocess.run(command(resumed), env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming, {len(on_file)} of 20 batches ({2 * len(on_file)} questions) already done" in again.stdout
+    assert (resumed / "samples.jsonl").read_text() == (whole / "samples.jsonl").read_text()
+    timing = ("generation_seconds", "generated_tokens_per_s")
+    summary, reference = read_json(resumed / "summary.json"), read_json(whole / "summary.json")
+    assert {k: v for k, v in summary.items() if k not in timing} == {k: v for k, v in reference.items() if k not in timing}
+    # the killed run's batches count with their own generation time: they were not generated again
+    assert summary["generation_seconds"] >= round(sum(r["seconds"] for r in on_file), 3)
+    assert not partial.exists()

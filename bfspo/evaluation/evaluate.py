@@ -5,9 +5,13 @@ benchmark's token budget, except where the registry asks for several samples at 
 (AIME'25: 32 samples at T=1, scored by their mean accuracy). Length is the number of generated
 tokens, reasoning and answer, counted with the model's tokenizer up to and including EOS.
 
-Writes DIR/samples.jsonl (one row per response) and then DIR/summary.json, last, each atomically:
-an earlier run's files stay in place until the new ones replace them. One process at a time may
-write DIR (bfspo.runlock).
+Questions are generated in fixed batches of --batch-size sequences, each batch with its own seed
+(the sampling seed plus the batch's first position), and each batch's samples are appended to
+DIR/samples.partial.jsonl as soon as they are scored: an interrupted evaluation, rerun with the same
+settings, generates only the batches not yet on file and ends with the same samples and summary as
+an uninterrupted one (bfspo.evaluation.progress). Then DIR/samples.jsonl (one row per response) and
+DIR/summary.json, last, are written, each atomically: an earlier run's files stay in place until the
+new ones replace them. One process at a time may write DIR (bfspo.runlock).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.rollout import make_engine
@@ -26,6 +31,7 @@ from bfspo import runlock
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl, write_json, write_jsonl
 from bfspo.evaluation.metrics import bootstrap_ci
+from bfspo.evaluation.progress import Progress, fingerprint
 from bfspo.model_io import check_adapter, load_config, load_model, load_tokenizer
 from bfspo.tasks.prompts import prompt_ids
 from bfspo.tasks.verify import extract_answer, is_correct
@@ -101,6 +107,14 @@ def check_lengths(rows: list[dict], prompts: list[list[int]], budget: int, max_p
                                                                          else "; lower --budget"))
 
 
+def question_batches(prompts: list[list[int]], size: int) -> list[list[int]]:
+    """Question indices in generation batches of `size`: longest prompt first, so that a batch holds
+    prompts of similar length (little padding). The batches depend only on the prompts and `size`,
+    so a resumed evaluation generates each batch exactly as an uninterrupted one would."""
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
 def score(benchmark: Benchmark, rows: list[dict], results: list[list[Completion]], tokenizer) -> list[dict]:
     """One samples.jsonl row per response: its text, extracted answer, correctness and length."""
     samples = []
@@ -135,12 +149,11 @@ def build_engine(args) -> tuple[RolloutEngine, object, int | None]:
             check_adapter(args.adapter, args.model)
         tokenizer = load_tokenizer(args.model)
         engine = make_engine("vllm", None, tokenizer, model_path=args.model, adapter=args.adapter,
-                             batch_size=args.batch_size, seed=args.seed, progress=True)
+                             batch_size=args.batch_size, seed=args.seed)
     else:
         model, tokenizer = load_model(args.model, args.adapter)
         config = model.config
-        engine = make_engine("transformers", model, tokenizer, batch_size=args.batch_size, progress=True,
-                             desc=f"evaluate {args.benchmark}")
+        engine = make_engine("transformers", model, tokenizer, batch_size=args.batch_size)
     return engine, tokenizer, getattr(config, "max_position_embeddings", None)
 
 
@@ -196,11 +209,31 @@ def evaluate(args) -> int:
     engine, tokenizer, max_positions = build_engine(args)
     prompts = [prompt_ids(tokenizer, benchmark, str(row["question"])) for row in rows]
     check_lengths(rows, prompts, budget, max_positions)
-    start = time.perf_counter()
-    results = engine.generate(prompts, samples, budget, temperature=temperature, seed=args.seed)
-    seconds = time.perf_counter() - start
+    batches = question_batches(prompts, max(1, args.batch_size // samples))
+    settings = {"benchmark": benchmark.name, "model": args.model, "adapter": args.adapter, "data": str(args.data),
+                "limit": args.limit, "budget": budget, "samples": samples, "temperature": temperature,
+                "seed": args.seed, "batch_size": args.batch_size, "engine": args.engine,
+                "fingerprints": [fingerprint(p) for p in (args.model, args.adapter, args.data)]}
+    progress = Progress(args.out_dir, settings, [[rows[i]["id"] for i in batch] for batch in batches])
+    todo = [k for k in range(len(batches)) if k not in progress.done]
+    bar = tqdm(total=sum(len(batches[k]) for k in todo) * samples, desc=f"evaluate {benchmark.name}", unit="seq")
+    with bar:
+        for k in todo:
+            batch = batches[k]
+            start = time.perf_counter()
+            results = engine.generate([prompts[i] for i in batch], samples, budget, temperature=temperature,
+                                      seed=args.seed + sum(len(b) for b in batches[:k]))
+            seconds = time.perf_counter() - start
+            progress.record(k, [rows[i]["id"] for i in batch], seconds,
+                            score(benchmark, [rows[i] for i in batch], results, tokenizer))
+            bar.update(len(batch) * samples)
 
-    scored = score(benchmark, rows, results, tokenizer)
+    by_id = {row["id"]: [] for row in rows}
+    for record in progress.done.values():
+        for sample in record["samples"]:
+            by_id[sample["id"]].append(sample)
+    scored = [sample for row in rows for sample in by_id[row["id"]]]
+    seconds = sum(record["seconds"] for record in progress.done.values())
     write_jsonl(args.out_dir / "samples.jsonl", scored)
     summary = {"benchmark": benchmark.name, "model": args.model, "adapter": args.adapter,
                **summarize(scored, len(rows), seed=args.seed), "budget": budget, "temperature": temperature,
@@ -211,6 +244,7 @@ def evaluate(args) -> int:
     if args.wandb_project:
         log_to_wandb(summary, scored, args)
     write_json(args.out_dir / "summary.json", summary)
+    progress.remove()
     print(f"{benchmark.name}: accuracy {summary['accuracy']:.1f}% "
           f"[{summary['accuracy_ci'][0]:.1f}, {summary['accuracy_ci'][1]:.1f}], "
           f"avg length {summary['avg_length']:.1f} tokens ({len(rows)} questions x {samples}) -> {args.out_dir}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
-from tqdm.auto import tqdm
 
 from bfspo.rollout.base import Completion, check_sampling_args, eos_token_ids, per_context_budgets
 
@@ -68,18 +67,15 @@ class TransformersEngine:
     EOS or at their context's budget and leave the batch, so short rows cost nothing after they end.
 
     batch_size: the most sequences (contexts x n) decoded at once; the n continuations of one
-      context always run together, even when n > batch_size. progress: show a tqdm bar.
+      context always run together, even when n > batch_size.
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, progress: bool = False,
-                 desc: str = "generate"):
+    def __init__(self, model, tokenizer, batch_size: int = 64):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.progress = progress
-        self.desc = desc
         self.eos_ids = eos_token_ids(tokenizer, model)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.eos_ids)
@@ -100,17 +96,16 @@ class TransformersEngine:
         # Longest first, so each chunk holds contexts of similar length (little padding).
         todo = sorted((i for i in range(len(contexts)) if budgets[i] > 0), key=lambda i: -len(contexts[i]))
         per_chunk = max(1, self.batch_size // n)
-        bar = tqdm(total=len(todo) * n, desc=self.desc, unit="seq", disable=not self.progress, leave=False)
-        with rollout_mode(self.model), bar:
+        with rollout_mode(self.model):
             for start in range(0, len(todo), per_chunk):
                 chunk = todo[start:start + per_chunk]
                 done = self._generate_chunk([contexts[i] for i in chunk], [budgets[i] for i in chunk], n,
-                                            temperature, top_p, generator, device, bar)
+                                            temperature, top_p, generator, device)
                 for i, completions in zip(chunk, done):
                     results[i] = completions
         return results
 
-    def _generate_chunk(self, contexts, budgets, n, temperature, top_p, generator, device, bar):
+    def _generate_chunk(self, contexts, budgets, n, temperature, top_p, generator, device):
         from transformers import DynamicCache
 
         lengths = torch.tensor([len(c) for c in contexts], device=device)
@@ -150,7 +145,6 @@ class TransformersEngine:
                 out_entropies[s].append(h)
                 finished[s] = fin
             if bool(stop.any()):
-                bar.update(int(stop.sum()))
                 keep = (~stop).nonzero().squeeze(-1)
                 if keep.numel() == 0:
                     break

@@ -94,8 +94,7 @@ class VLLMEngine:
     def __init__(self, model, tokenizer, *, model_path: str | None = None, adapter: str | None = None,
                  batch_size: int = 256, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
                  max_model_len: int | None = None, dtype: str | None = None, seed: int = 0,
-                 cpu_kv_cache_gib: float = 1.0,
-                 progress: bool = False, work_dir: str | None = None):
+                 cpu_kv_cache_gib: float = 1.0, work_dir: str | None = None):
         vllm, self._TokensPrompt, self._LoRARequest = _import_vllm()
         if model is not None and not _is_peft(model):
             raise BfspoError("the vLLM engine pushes LoRA adapters only: wrap the model with peft")
@@ -108,7 +107,6 @@ class VLLMEngine:
             lora_rank = int(check_adapter(adapter, model_path)["r"])
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(tokenizer, model)
-        self.progress = progress
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="bfspo-vllm-lora-"))
         self.version = 0
         self.lora = None
@@ -162,7 +160,7 @@ class VLLMEngine:
                                        logprobs=0, stop_token_ids=sorted(self.eos_ids),
                                        seed=None if seed is None else seed + i)
                   for i in todo]
-        outputs = self.llm.generate(prompts, params, use_tqdm=self.progress, lora_request=self.lora)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora)
         for i, request in zip(todo, outputs):
             samples = request.outputs * n if greedy else request.outputs  # greedy: the one answer, n times
             results[i] = [self._completion(sample) for sample in samples]
