@@ -337,6 +337,37 @@ def workflow_copy(tmp_path: Path) -> dict:
     return env
 
 
+@pytest.mark.parametrize("command, target, log", [
+    ("train", "results/runs/toy-test_toy_bfspo_s0/done.json", "logs/train/toy-test_toy_bfspo_s0.log"),
+    ("evaluate", "results/eval/toy-test_zero-shot/toy/summary.json", "logs/eval/toy-test_zero-shot/toy.log"),
+])
+def test_a_duplicate_job_leaves_the_running_jobs_log_alone(tmp_path, command, target, log):
+    """After a driver killed with SIGKILL, the rerun submits duplicates of jobs still running. Snakemake
+    deletes a job's log before starting it: the duplicate must not wipe the running job's log, and
+    must fail (the folder is locked), saying so in that same log."""
+    from bfspo import runlock
+
+    env = workflow_copy(tmp_path)
+    data = tmp_path / "results/toy-test/data"
+    data.mkdir(parents=True)
+    for name in ("train", "rl_train", "toy", "toy_ood"):
+        (data / f"{name}.jsonl").write_text("{}\n")
+    (tmp_path / "results/toy-test/model").mkdir()  # after the data, so that Snakemake sees it up to date
+    (tmp_path / "results/toy-test/model/config.json").write_text("{}")
+    folder = (tmp_path / target).parent
+    with runlock.hold(folder, command):  # the job still running, started by the killed driver
+        (folder / f"{command}.log").write_text("the running job's output\n")
+        (tmp_path / log).parent.mkdir(parents=True)
+        (tmp_path / log).symlink_to(os.path.relpath(folder / f"{command}.log", (tmp_path / log).parent))
+        proc = subprocess.run([sys.executable, "-m", "snakemake", target, "--cores", "1", "--configfile",
+                               "config/test.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+    assert proc.returncode != 0 and f"Error in rule {command}" in proc.stdout + proc.stderr
+    kept = (folder / f"{command}.log").read_text()
+    assert kept.startswith("the running job's output\n") and f"is in use by bfspo {command}" in kept, kept
+    assert (tmp_path / log).resolve() == (folder / f"{command}.log").resolve()
+
+
 @pytest.mark.slow
 def test_a_two_rank_class_trains_data_parallel_through_the_rule(tmp_path):
     """A size class with 2 ranks trains under torchrun (gloo on CPU), started by the train rule."""

@@ -223,6 +223,21 @@ def output_dir(wildcards, output):
     return os.path.dirname(output[0])
 
 
+def logged_in_output_dir(name, log_pattern):
+    """A params function: where the rule's log (log_pattern) links to, relative to the log's folder:
+    the file `name` in the job's output folder, which every attempt appends to.
+
+    Snakemake deletes a job's log file before it starts the job; with the log a link, it deletes
+    only the link. So a duplicate of a job still running (after a driver killed with SIGKILL) leaves
+    the running job's log alone: it adds its refusal of the locked folder to the end."""
+
+    def link(wildcards, output):
+        log_dir = os.path.dirname(log_pattern.format(**dict(wildcards.items())))
+        return os.path.relpath(os.path.join(os.path.dirname(output[0]), name), log_dir)
+
+    return link
+
+
 def input_dir(wildcards, input):
     return os.path.dirname(input[0])
 

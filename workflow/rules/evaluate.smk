@@ -1,5 +1,8 @@
 """Evaluation: each trained run on every benchmark its tables show, and each model zero-shot
-(run id <model>_zero-shot, no adapter) once per benchmark. `bfspo evaluate` writes summary.json last."""
+(run id <model>_zero-shot, no adapter) once per benchmark. `bfspo evaluate` writes summary.json last.
+The log is a link to evaluate.log in the output folder, which every attempt appends to."""
+
+EVAL_LOG = "logs/eval/{run}/{benchmark}.log"
 
 
 rule evaluate:
@@ -10,7 +13,7 @@ rule evaluate:
     output:
         summary("{run}", "{benchmark}"),
     log:
-        "logs/eval/{run}/{benchmark}.log",
+        EVAL_LOG,
     benchmark:
         "benchmarks/eval/{run}/{benchmark}.tsv"
     wildcard_constraints:
@@ -18,6 +21,7 @@ rule evaluate:
         benchmark="[^/]+",
     params:
         out_dir=output_dir,
+        log_link=logged_in_output_dir("evaluate.log", EVAL_LOG),
         args=eval_args,
     threads: job_threads("eval")
     resources:
@@ -25,4 +29,5 @@ rule evaluate:
     conda:
         CONDA_ENV
     shell:
-        "bfspo evaluate {params.args} --out-dir {params.out_dir:q} > {log} 2>&1"
+        "mkdir -p {params.out_dir:q} && ln -sfn {params.log_link:q} {log:q} && "
+        "bfspo evaluate {params.args} --out-dir {params.out_dir:q} >> {log:q} 2>&1"

@@ -2,7 +2,10 @@
 attempts (checkpoints for resume); only done.json, written last, marks a finished run. A job that
 hits its time limit is retried (`retries` in the Slurm profile) and resumes from its checkpoint.
 A size class with several GPUs (or `ranks` on CPU) trains data-parallel under torchrun, across
-`nodes` nodes with srun where it asks for more than one."""
+`nodes` nodes with srun where it asks for more than one. The log is a link to train.log in the run
+directory, which every attempt appends to (common.smk: logged_in_output_dir)."""
+
+TRAIN_LOG = "logs/train/{run}.log"
 
 
 rule train:
@@ -12,13 +15,14 @@ rule train:
     output:
         f"{RESULTS}/runs/{{run}}/done.json",
     log:
-        "logs/train/{run}.log",
+        TRAIN_LOG,
     benchmark:
         "benchmarks/train/{run}.tsv"
     wildcard_constraints:
         run=RUN_RE,
     params:
         out_dir=output_dir,
+        log_link=logged_in_output_dir("train.log", TRAIN_LOG),
         settings=train_args,
         launcher=train_launcher,
     threads: job_threads("train")
@@ -27,4 +31,5 @@ rule train:
     conda:
         CONDA_ENV
     shell:
-        "{params.launcher} train --output-dir {params.out_dir:q} {params.settings} > {log} 2>&1"
+        "mkdir -p {params.out_dir:q} && ln -sfn {params.log_link:q} {log:q} && "
+        "{params.launcher} train --output-dir {params.out_dir:q} {params.settings} >> {log:q} 2>&1"
