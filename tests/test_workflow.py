@@ -177,7 +177,7 @@ def test_paper_jobs_request_gpus_by_model_size():
     assert "torchrun --nproc-per-node 2 --standalone -m bfspo.cli train" in big  # one rank per GPU
     assert "gpu=1" in small and "nodes=1" in small and "budget=512" in small and "--set k=0" in small
     assert "tensor_parallel_size=1" in big and "tensor_parallel_size=1" in small
-    assert re.search(r"^Shell command: bfspo train --output-dir ", small, re.M)  # one process
+    assert re.search(r"^Shell command: mkdir -p \S+ && ln -sfn \S+ \S+ && bfspo train --output-dir ", small, re.M)  # one process
     for run in (big, small):  # DAPO's recipe: 512 prompts of 16 answers, 3x oversampled, up to 10 rounds
         for setting in ("batch_unit=prompts", "group_size=16", "train_batch=512", "mini_batch=32", "oversample=3.0",
                         "max_gen_rounds=10", "overlong_window=paper"):
