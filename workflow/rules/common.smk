@@ -228,8 +228,9 @@ def input_dir(wildcards, input):
 
 
 def toy_data_args():
-    """`bfspo toy data` split sizes the config sets (the rest keep the CLI's defaults)."""
-    return " ".join(f"--{k.replace('_', '-')} {config['toy'][k]}" for k in ("n_train", "n_rl", "n_eval") if k in config["toy"])
+    """`bfspo toy data` split sizes and difficulty the config sets (the rest keep the CLI's defaults)."""
+    keys = ("n_train", "n_rl", "n_eval", "max_value", "max_operand")
+    return " ".join(f"--{k.replace('_', '-')} {config['toy'][k]}" for k in keys if k in config["toy"])
 
 
 def reported_inputs():
