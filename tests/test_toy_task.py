@@ -194,4 +194,4 @@ def test_cli_difficulty_flags_reach_the_generator_and_bad_ones_are_named(tmp_pat
     answers = [int(r["answer"]) for _, r in read_jsonl(tmp_path / "hard" / "rl_train.jsonl")]
     assert max(answers) > MAX_VALUE and max(answers) <= 30
     assert main([*args, "--max-operand", "1", "--out-dir", str(tmp_path / "bad")]) == 2
-    assert "--max-value/--max-operand" in capsys.readouterr().err
+    assert "--max-value/--max-operand/--min-steps/--max-steps" in capsys.readouterr().err

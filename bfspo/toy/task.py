@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 # The default numbers, small enough for a tiny model: every value in [1, 20], starting in [2, 15];
-# add/sub operands 2-9; mul/div by 2. `Difficulty` scales them.
+# add/sub operands 2-9; mul/div by 2; 2-5 steps in domain, 6-7 out of domain. `Difficulty` changes them.
 START = (2, 15)
 ADD_SUB = (2, 9)
 MAX_VALUE = 20
@@ -52,21 +52,34 @@ SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 
 @dataclass(frozen=True)
 class Difficulty:
-    """How large a problem's numbers are: every value in [1, max_value], the start value in
-    [2, 3/4 max_value], add/sub operands in [2, max_operand]. The default is the toy of the README
-    (values up to 20, operands up to 9); larger numbers mean more digits to carry, so a tiny model's
-    first samples are wrong more often while the answers stay about as long."""
+    """How hard a problem is: every value in [1, max_value], the start value in [2, 3/4 max_value],
+    add/sub operands in [2, max_operand], and in-domain problems of min_steps to max_steps steps
+    (the longer out-of-domain problems have the two step counts after max_steps). The default is
+    the toy of the README (values up to 20, operands up to 9, 2-5 steps; 6-7 out of domain)."""
 
     max_value: int = MAX_VALUE
     max_operand: int = ADD_SUB[1]
+    min_steps: int = ID_STEPS[0]
+    max_steps: int = ID_STEPS[1]
 
     def __post_init__(self):
         if self.max_operand < ADD_SUB[0] or self.max_value < 2 * ADD_SUB[0] + 1:
             raise ValueError(f"need max_operand >= {ADD_SUB[0]} and max_value >= {2 * ADD_SUB[0] + 1}; got {self}")
+        if not 1 <= self.min_steps <= self.max_steps or self.max_steps + 2 > len(DAYS):
+            raise ValueError(f"need 1 <= min_steps <= max_steps <= {len(DAYS) - 2} (a day per step, two more "
+                             f"out of domain); got {self}")
 
     @property
     def start(self) -> tuple[int, int]:
         return START[0], self.max_value * 3 // 4
+
+    @property
+    def steps(self) -> tuple[int, int]:
+        return self.min_steps, self.max_steps
+
+    @property
+    def ood_steps(self) -> tuple[int, int]:
+        return self.max_steps + 1, self.max_steps + 2
 
 
 DEFAULT = Difficulty()
@@ -274,9 +287,9 @@ def _rows(rng: random.Random, split: str, n: int, seen: set[str], with_solution:
         if split == "toy_ood":
             unseen = len(rows) % 2 == 0
             template = rng.choice(OOD_TEMPLATES if unseen else ID_TEMPLATES)
-            n_steps = rng.randint(*(ID_STEPS if unseen else OOD_STEPS))
+            n_steps = rng.randint(*(difficulty.steps if unseen else difficulty.ood_steps))
         else:
-            template, n_steps = rng.choice(ID_TEMPLATES), rng.randint(*ID_STEPS)
+            template, n_steps = rng.choice(ID_TEMPLATES), rng.randint(*difficulty.steps)
         p = make_problem(rng, template, n_steps, difficulty)
         if p.question in seen:
             continue
@@ -296,16 +309,17 @@ def _rows(rng: random.Random, split: str, n: int, seen: set[str], with_solution:
     return rows
 
 
-def make_splits(seed: int, n_train: int, n_rl: int, n_eval: int,
-                difficulty: Difficulty = DEFAULT) -> dict[str, list[dict]]:
+def make_splits(seed: int, n_train: int, n_rl: int, n_eval: int, difficulty: Difficulty = DEFAULT,
+                exclude: frozenset[str] = frozenset()) -> dict[str, list[dict]]:
     """All splits, with pairwise disjoint questions: {"train": SFT rows with `solution` and
     `forms`, "rl_train": RL questions, "toy": in-domain eval, "toy_ood": out-of-domain eval}, every
-    split with the numbers of `difficulty`.
+    split as hard as `difficulty`, none of them a question of `exclude` (e.g. the SFT questions of
+    a model that is to be trained and evaluated on harder questions).
 
     The evaluation splits are drawn first, so their questions do not depend on the train sizes.
     """
     rng = random.Random(seed)
-    seen: set[str] = set()
+    seen = set(exclude)
     out = {split: _rows(rng, split, n_eval, seen, False, difficulty) for split in ("toy", "toy_ood")}
     out["rl_train"] = _rows(rng, "rl_train", n_rl, seen, False, difficulty)
     out["train"] = _rows(rng, "train", n_train, seen, True, difficulty)
