@@ -85,9 +85,10 @@ def paired_summary(diffs, higher_is_better: bool, n_resamples: int = N_RESAMPLES
 
 
 def ratio_summary(ratios, n_resamples: int = N_RESAMPLES, seed: int = 0) -> dict:
-    """`paired_summary` of per-seed ratios (> 1 is better) on the log scale, mapped back: the
-    geometric mean, its interval, and the MDD as a factor (exp of the log-scale MDD)."""
+    """`paired_summary` of per-seed ratios (> 1 is better; NaN: missing) on the log scale, mapped
+    back: the geometric mean, its interval, and the MDD as a factor (exp of the log-scale MDD)."""
     r = np.asarray(ratios, dtype=float)
+    r = r[~np.isnan(r)]
     if np.any(r <= 0):
         raise BfspoError(f"step-time ratios must be positive, got {r.tolist()}")
     s = paired_summary(np.log(r), higher_is_better=True, n_resamples=n_resamples, seed=seed)
@@ -178,7 +179,8 @@ def paired_table(spec: dict, seeds: pd.DataFrame) -> pd.DataFrame:
                                  **paired_summary(d.to_numpy(), better)))
         for part in [name for name, _ in TIMINGS] + ["step"]:
             key = f"{part}_s"
-            ratio = base.loc[common, key] / other.loc[common, key]
+            b, o = base.loc[common, key], other.loc[common, key]
+            ratio = (b / o).where((b > 0) & (o > 0))  # a run without updates has no update time
             rows.append(dict(method=labels[method], what="step time", metric=f"{part} ratio",
                              baseline=base.loc[common, key].median(), value=other.loc[common, key].median(),
                              **ratio_summary(ratio.to_numpy())))
