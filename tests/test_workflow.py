@@ -434,4 +434,4 @@ def test_the_harder_toy_study_runs_at_ci_size(tmp_path):
     assert len(seeds) == 6 and (seeds.questions_drawn > 0).all() and (seeds.step_s > 0).all()
     text = (tables / "toy-study-hard.md").read_text()
     assert "Pairing checked" in text and "Tree statistics" in text and "MDD (80%)" in text
-    assert (tmp_path / "results/figures/toy-study-hard").is_dir()
+    assert (tmp_path / "results/figures/toy-study-hard/paired.png").is_file()
