@@ -10,8 +10,9 @@ from bfspo.io import read_jsonl
 from bfspo.tasks.verify import is_correct
 from bfspo.toy.model import train_tokenizer
 from bfspo.toy.sft import tokenizer_corpus
-from bfspo.toy.task import (ADD_SUB, DAYS, FORM_WEIGHTS, FORMS, ID_STEPS, ID_TEMPLATES, MAX_VALUE, OOD_STEPS,
-                            OOD_TEMPLATES, line_forms, make_problem, make_splits, random_forms, solution)
+from bfspo.toy.task import (ADD_SUB, DAYS, DEFAULT, FORM_WEIGHTS, FORMS, ID_STEPS, ID_TEMPLATES, MAX_VALUE, OOD_STEPS,
+                            OOD_TEMPLATES, Difficulty, line_forms, make_problem, make_splits, random_forms,
+                            solution)
 
 APPLY = {"add": lambda a, n: a + n, "sub": lambda a, n: a - n, "mul": lambda a, n: a * n, "div": lambda a, n: a / n}
 
@@ -55,6 +56,28 @@ def test_in_domain_and_out_of_domain_differ_as_specified(splits):
     assert len(unseen) == len(longer) == len(ood) // 2
     assert {r["steps"] for r in unseen} <= set(range(ID_STEPS[0], ID_STEPS[1] + 1))
     assert {r["steps"] for r in longer} == set(range(OOD_STEPS[0], OOD_STEPS[1] + 1))
+
+
+def test_the_default_difficulty_is_the_toy_of_the_readme():
+    assert DEFAULT == Difficulty(MAX_VALUE, ADD_SUB[1]) and DEFAULT.start == (2, 15)
+    assert make_splits(7, 30, 10, 20, Difficulty()) == make_splits(7, 30, 10, 20)
+
+
+def test_a_harder_difficulty_reaches_larger_numbers_within_its_bounds():
+    hard = Difficulty(max_value=30, max_operand=15)
+    rng = random.Random(0)
+    problems = [make_problem(rng, "apples", 5, hard) for _ in range(300)]
+    values = [s.after for p in problems for s in p.steps] + [p.start for p in problems]
+    operands = [s.operand for p in problems for s in p.steps if s.op in ("add", "sub")]
+    assert min(values) >= 1 and max(values) == 30 and max(p.start for p in problems) <= 22
+    assert min(operands) == ADD_SUB[0] and max(operands) == 15
+    assert max(int(r["answer"]) for r in make_splits(0, 10, 300, 10, hard)["rl_train"]) > MAX_VALUE
+
+
+@pytest.mark.parametrize("bad", [dict(max_value=30, max_operand=1), dict(max_value=4, max_operand=9)])
+def test_a_difficulty_without_room_for_a_step_is_refused(bad):
+    with pytest.raises(ValueError, match="max_operand"):
+        Difficulty(**bad)
 
 
 @pytest.mark.parametrize("template", ID_TEMPLATES + OOD_TEMPLATES)
@@ -163,3 +186,12 @@ def test_cli_writes_the_four_files_reproducibly(tmp_path):
 def test_cli_rejects_empty_splits(tmp_path, capsys):
     assert main(["toy", "data", "--out-dir", str(tmp_path), "--n-eval", "0"]) == 2
     assert "--n-eval" in capsys.readouterr().err
+
+
+def test_cli_difficulty_flags_reach_the_generator_and_bad_ones_are_named(tmp_path, capsys):
+    args = ["toy", "data", "--n-train", "5", "--n-rl", "200", "--n-eval", "5", "--max-value", "30"]
+    assert main([*args, "--max-operand", "15", "--out-dir", str(tmp_path / "hard")]) == 0
+    answers = [int(r["answer"]) for _, r in read_jsonl(tmp_path / "hard" / "rl_train.jsonl")]
+    assert max(answers) > MAX_VALUE and max(answers) <= 30
+    assert main([*args, "--max-operand", "1", "--out-dir", str(tmp_path / "bad")]) == 2
+    assert "--max-value/--max-operand/--min-steps/--max-steps" in capsys.readouterr().err

@@ -67,6 +67,7 @@ def write_config(tmp_path: Path, base: str, edit) -> Path:
 
 
 @pytest.mark.parametrize("configfile", [None, "config/test.yaml", "config/paper.yaml", "config/toy-seeds.yaml",
+                                        "config/toy-study.yaml", "config/toy-study-hard.yaml",
                                         "config/toy-gpu.yaml"])
 def test_lint_is_clean(configfile):
     proc = snakemake("--lint", *(["--configfile", configfile] if configfile else []))
@@ -430,3 +431,50 @@ def test_every_run_is_tagged_with_each_table_that_shows_it():
     assert "'tables=[\"ablation\"]'" in commands["qwen2.5-3b_gsm8k_no-bfs_s0"]
     evals = [text for rule, text in jobs(out) if rule == "evaluate" and "--run-name qwen2.5-3b_zero-shot_eval_gsm8k" in text]
     assert len(evals) == 1 and re.search(r"tables=\S*gsm8k", evals[0]) and "model_label=Qwen2.5-3B-Instruct" in evals[0]
+
+
+@pytest.mark.parametrize("configfile", ["config/toy-study.yaml", "config/toy-study-hard.yaml"])
+def test_toy_studies_plan_ten_paired_seeds_of_three_arms(configfile):
+    out = dry_run("-p", "--configfile", configfile)
+    counts = job_counts(out)
+    assert (counts["train"], counts["evaluate"], counts["table"]) == (30, 2 + 60, 1)
+    runs = {re.search(r"wildcards: run=(\S+)", t).group(1) for r, t in jobs(out) if r == "train"}
+    model = "toy-hard_toy-hard" if "hard" in configfile else "toy_toy"
+    assert runs == {f"{model}_{m}_s{s}" for m in ("dapo", "bfspo", "bfspo-prompts") for s in range(10)}
+    prompts = next(t for r, t in jobs(out) if r == "train" and "bfspo-prompts_s0" in t)
+    assert "--set batch_unit=prompts" in prompts and "--set train_batch=8" in prompts
+
+
+def study_at_ci_size(cfg):
+    """A toy study config at CI size: the test-size toy model, 2 seeds, 2 steps, small batches."""
+    cfg["toy"].update(size="test", n_train=2000, n_rl=64, n_eval=16)
+    if "questions" in cfg["toy"]:
+        cfg["toy"]["questions"].update(n_rl=64, n_eval=16)
+    cfg["seeds"] = [0, 1]
+    cfg["wandb"]["report"] = False
+    cfg["train"].update(steps=2, group_size=4, train_batch=8, mini_batch=4)
+    cfg["methods"]["bfspo-prompts"]["train"].update(train_batch=2, mini_batch=2)
+
+
+@pytest.mark.slow
+def test_the_harder_toy_study_runs_at_ci_size(tmp_path):
+    """config/toy-study-hard.yaml (the harder questions, drawn by toy_questions for the toy model,
+    and the paired table) from data generation to the table, 2 seeds x 3 arms of 2 steps."""
+    env = workflow_copy(tmp_path)
+    config = write_config(tmp_path, "config/toy-study-hard.yaml", study_at_ci_size)
+    run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", str(config)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+
+    sft = {json.loads(line)["question"] for line in (tmp_path / "results/toy/data/train.jsonl").read_text().splitlines()}
+    hard = [json.loads(line) for line in (tmp_path / "results/toy-hard/data/rl_train.jsonl").read_text().splitlines()]
+    assert {r["steps"] for r in hard} == {5} and not sft & {r["question"] for r in hard}
+    tables = tmp_path / "results/tables"
+    paired = pd.read_csv(tables / "toy-study-hard.csv")
+    assert len(paired) == 2 * (2 * 3 + 4) and set(paired.method) == {"BFS-PO", "BFS-PO (prompts)"}
+    assert (paired.n <= 2).all() and set(paired.verdict) <= {"beats", "loses", "matches", "-"}
+    seeds = pd.read_csv(tables / "toy-study-hard_seeds.csv")
+    assert len(seeds) == 6 and (seeds.questions_drawn > 0).all() and (seeds.step_s > 0).all()
+    text = (tables / "toy-study-hard.md").read_text()
+    assert "Pairing checked" in text and "Tree statistics" in text and "MDD (80%)" in text
+    assert (tmp_path / "results/figures/toy-study-hard/paired.png").is_file()

@@ -13,7 +13,10 @@
   backtracking_<model>_<train set> where the search backtracked, one row of panels per method: the
                                    depth of each backtracking token, in tokens and relative to its
                                    path's length, from the runs' trees/*.jsonl ("backtracking"
-                                   records of SearchTree.to_dict).
+                                   records of SearchTree.to_dict);
+  paired                           (the `paired` layout only) each method minus the first, seed by
+                                   seed, with the paired table's mean and 95% interval, per column
+                                   and metric, and the step-time ratio (bfspo/reporting/paired.py).
 
 Every method has one colour in every figure (bfspo.reporting.style.method_colour).
 
@@ -198,6 +201,49 @@ def curve_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     return paths
 
 
+def paired_figures(spec: dict, summaries: pd.DataFrame, runs_dir: Path, out_dir: Path) -> list[Path]:
+    """The `paired` layout's figure: per panel (column x metric, and the step-time ratio), each
+    seed's difference from the first method (dots) and the paired table's mean with its 95%
+    interval (bar), one colour per method (bfspo/reporting/paired.py)."""
+    from bfspo.reporting.paired import METRICS, paired_table, per_seed
+    from bfspo.reporting.tables import score
+
+    seeds, _ = per_seed(spec, score(summaries), runs_dir)
+    table = paired_table(spec, seeds)
+    base, colours = spec["methods"][0], _colours(spec)
+    panels = [(c, m) for c in spec["columns"] for m in METRICS] + [(None, None)]
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.4))
+    b = seeds[seeds.method == base["key"]].set_index("seed")
+    for ax, (col, metric) in zip(axes, panels):
+        for i, method in enumerate(spec["methods"][1:]):
+            o = seeds[seeds.method == method["key"]].set_index("seed")
+            if col is None:
+                values, row = b.step_s / o.step_s, table[(table.method == method["label"]) & (table.metric == "step ratio")]
+                ax.axhline(1, color="grey", lw=0.8)
+            else:
+                key = f"{metric[0]}_{col['benchmark']}"
+                values = o[key] - b[key]
+                row = table[(table.method == method["label"]) & (table.metric == metric[1])
+                            & (table.what == f"{col['label']} ({col.get('domain', '')})")]
+                ax.axhline(0, color="grey", lw=0.8)
+            values = values.dropna()
+            ax.scatter([i + 0.15] * len(values), values, s=10, color=colours[method["key"]], alpha=0.6)
+            if len(row):
+                r = row.iloc[0]
+                ax.errorbar([i], [r["diff"]], yerr=[[r["diff"] - r.ci_low], [r.ci_high - r["diff"]]], fmt="o",
+                            color=colours[method["key"]], capsize=3, label=method["label"])
+        ax.set_xticks([])
+        ax.set_xlim(-0.5, len(spec["methods"]) - 1.5)
+        ax.set_title("step time: ratio" if col is None else f"{col['label']}\n{metric[1]}", fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{spec['title']}: each method minus {base['label']} per seed (dots), mean and paired-bootstrap "
+                 f"95% interval (bar); step time: {base['label']}'s over the method's", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out_dir, "paired")
+
+
 def backtracking_depths(run_dir: Path) -> tuple[list[float], list[float]]:
     """(depth, depth / path length) of every backtracking record in run_dir/trees/*.jsonl."""
     depths, relative = [], []
@@ -272,6 +318,8 @@ def run(args) -> int:
     paths = pareto_figures(spec, summaries, reported, args.out_dir)
     paths += curve_figures(spec, runs, args.out_dir)
     paths += backtracking_figures(spec, runs, args.out_dir)
+    if spec["layout"] == "paired":
+        paths += paired_figures(spec, summaries, args.runs_dir, args.out_dir)
     for path in paths:
         print(path)
     return 0

@@ -18,6 +18,10 @@ names the table's layout, models, methods and columns (train set -> benchmark). 
 matched to cells by the meta that the workflow passes to `bfspo evaluate`: model, method
 ("zero-shot" for the base model), train_set and seed.
 
+The `paired` layout (bfspo/reporting/paired.py) writes instead each method minus the first, seed
+by seed, with paired-bootstrap intervals, the minimal detectable difference, step-time ratios and
+tree statistics, plus DIR/<name>_seeds.csv (one row per method and seed); it needs --runs-dir.
+
 `consistency` recomputes the AES of every paper row from its own printed accuracy and length
 (`bfspo.evaluation.metrics.aes_consistency`) and lists the rows whose printed AES disagrees.
 """
@@ -405,6 +409,14 @@ def run(args) -> int:
         return 0
     spec = load_spec(args.spec)
     summaries = load_summaries(args.summaries)
+    if spec["layout"] == "paired":
+        from bfspo.reporting.paired import write_paired
+
+        if not args.runs_dir:
+            raise BfspoError(f"table {spec['name']}: the paired layout reads the training runs; give --runs-dir")
+        for path in write_paired(spec, score(summaries), args.runs_dir, args.out_dir):
+            print(path)
+        return 0
     rows = build_rows(spec, summaries, reported)
     runs = sorted(set(summaries.loc[summaries.method != ZERO_SHOT, "run"]) - {""})
     notes = short_batch_notes(args.runs_dir, runs) if args.runs_dir else []

@@ -1,6 +1,7 @@
 """`bfspo toy`: build the embedded toy task and its tiny reasoning model (two Snakemake rules).
 
-    bfspo toy data  --out-dir DIR [--seed S] [--n-train N] [--n-rl N] [--n-eval N]
+    bfspo toy data  --out-dir DIR [--seed S] [--n-train N] [--n-rl N] [--n-eval N] [--max-value V] [--max-operand N]
+                    [--min-steps N] [--max-steps N] [--exclude ROWS.jsonl]
         writes DIR/train.jsonl (SFT rows: question, answer, forms, solution), DIR/rl_train.jsonl
         (RL questions), DIR/toy.jsonl and DIR/toy_ood.jsonl (evaluation splits); all questions
         are distinct across the four files.
@@ -30,6 +31,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--n-train", type=int, default=20000, help="SFT rows (one solution each)")
     data.add_argument("--n-rl", type=int, default=2000, help="RL training questions")
     data.add_argument("--n-eval", type=int, default=200, help="questions in each of toy and toy_ood")
+    from bfspo.toy.task import DEFAULT
+
+    data.add_argument("--max-value", type=int, default=DEFAULT.max_value,
+                      help="largest value a problem reaches (the difficulty; bfspo/toy/task.py Difficulty)")
+    data.add_argument("--max-operand", type=int, default=DEFAULT.max_operand,
+                      help="largest number added or subtracted in one step")
+    data.add_argument("--min-steps", type=int, default=DEFAULT.min_steps, help="fewest steps of an in-domain problem")
+    data.add_argument("--max-steps", type=int, default=DEFAULT.max_steps,
+                      help="most steps of an in-domain problem (out of domain: the next two counts)")
+    data.add_argument("--exclude", type=Path, help="a JSONL file whose questions are never drawn (e.g. the SFT "
+                      "rows of the model that will train on these questions)")
 
     build = sub.add_parser("build", help="train the tokenizer and the tiny model on train.jsonl")
     build.add_argument("--train", required=True, type=Path, help="train.jsonl from `bfspo toy data`")
@@ -64,12 +76,21 @@ def _run_forms(args) -> int:
 
 
 def _run_data(args) -> int:
-    from bfspo.toy.task import make_splits
+    from bfspo.toy.task import Difficulty, make_splits
 
     for name in ("n_train", "n_rl", "n_eval"):
         if getattr(args, name) < 1:
             raise BfspoError(f"--{name.replace('_', '-')} must be at least 1")
-    splits = make_splits(args.seed, args.n_train, args.n_rl, args.n_eval)
+    try:
+        difficulty = Difficulty(args.max_value, args.max_operand, args.min_steps, args.max_steps)
+    except ValueError as e:
+        raise BfspoError(f"--max-value/--max-operand/--min-steps/--max-steps: {e}") from None
+    exclude = frozenset()
+    if args.exclude:
+        if not args.exclude.is_file():
+            raise BfspoError(f"--exclude {args.exclude}: no such file")
+        exclude = frozenset(row.get("question") for _, row in read_jsonl(args.exclude))
+    splits = make_splits(args.seed, args.n_train, args.n_rl, args.n_eval, difficulty, exclude)
     for name in SPLIT_FILES:
         n = write_jsonl(args.out_dir / f"{name}.jsonl", splits[name])
         print(f"bfspo toy data: wrote {n} rows to {args.out_dir / f'{name}.jsonl'}")

@@ -36,7 +36,8 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-# Small enough for a tiny model: every value in [1, 20]; add/sub operands 2-9; mul/div by 2.
+# The default numbers, small enough for a tiny model: every value in [1, 20], starting in [2, 15];
+# add/sub operands 2-9; mul/div by 2; 2-5 steps in domain, 6-7 out of domain. `Difficulty` changes them.
 START = (2, 15)
 ADD_SUB = (2, 9)
 MAX_VALUE = 20
@@ -47,6 +48,41 @@ DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sun
 FORMS = ("concise", "stepwise", "verbose")
 FORM_WEIGHTS = {"concise": 0.2, "stepwise": 0.3, "verbose": 0.5}
 SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+
+
+@dataclass(frozen=True)
+class Difficulty:
+    """How hard a problem is: every value in [1, max_value], the start value in [2, 3/4 max_value],
+    add/sub operands in [2, max_operand], and in-domain problems of min_steps to max_steps steps
+    (the longer out-of-domain problems have the two step counts after max_steps). The default is
+    the toy of the README (values up to 20, operands up to 9, 2-5 steps; 6-7 out of domain)."""
+
+    max_value: int = MAX_VALUE
+    max_operand: int = ADD_SUB[1]
+    min_steps: int = ID_STEPS[0]
+    max_steps: int = ID_STEPS[1]
+
+    def __post_init__(self):
+        if self.max_operand < ADD_SUB[0] or self.max_value < 2 * ADD_SUB[0] + 1:
+            raise ValueError(f"need max_operand >= {ADD_SUB[0]} and max_value >= {2 * ADD_SUB[0] + 1}; got {self}")
+        if not 1 <= self.min_steps <= self.max_steps or self.max_steps + 2 > len(DAYS):
+            raise ValueError(f"need 1 <= min_steps <= max_steps <= {len(DAYS) - 2} (a day per step, two more "
+                             f"out of domain); got {self}")
+
+    @property
+    def start(self) -> tuple[int, int]:
+        return START[0], self.max_value * 3 // 4
+
+    @property
+    def steps(self) -> tuple[int, int]:
+        return self.min_steps, self.max_steps
+
+    @property
+    def ood_steps(self) -> tuple[int, int]:
+        return self.max_steps + 1, self.max_steps + 2
+
+
+DEFAULT = Difficulty()
 
 
 @dataclass(frozen=True)
@@ -158,35 +194,35 @@ class Problem:
         return " ".join([self.start_sentence, *(s.sentence for s in self.steps), TEMPLATES[self.template].ask])
 
 
-def _choose_step(rng: random.Random, value: int) -> tuple[str, int, int]:
-    """A random operation that keeps the result in [1, MAX_VALUE]: (op, operand, result)."""
+def _choose_step(rng: random.Random, value: int, d: Difficulty) -> tuple[str, int, int]:
+    """A random operation that keeps the result in [1, d.max_value]: (op, operand, result)."""
     options = []
-    if value + ADD_SUB[0] <= MAX_VALUE:
+    if value + ADD_SUB[0] <= d.max_value:
         options.append("add")
     if value - ADD_SUB[0] >= 1:
         options.append("sub")
-    if 2 * value <= MAX_VALUE:
+    if 2 * value <= d.max_value:
         options.append("mul")
     if value % 2 == 0:
         options.append("div")
     op = rng.choice(options)
     if op == "add":
-        n = rng.randint(ADD_SUB[0], min(ADD_SUB[1], MAX_VALUE - value))
+        n = rng.randint(ADD_SUB[0], min(d.max_operand, d.max_value - value))
         return op, n, value + n
     if op == "sub":
-        n = rng.randint(ADD_SUB[0], min(ADD_SUB[1], value - 1))
+        n = rng.randint(ADD_SUB[0], min(d.max_operand, value - 1))
         return op, n, value - n
     return op, 2, value * 2 if op == "mul" else value // 2
 
 
-def make_problem(rng: random.Random, template: str, n_steps: int) -> Problem:
+def make_problem(rng: random.Random, template: str, n_steps: int, difficulty: Difficulty = DEFAULT) -> Problem:
     """One random problem of `n_steps` steps on consecutive days from Monday, told with the
-    story `template`."""
+    story `template`, its numbers as large as `difficulty` says."""
     ops = TEMPLATES[template].ops
-    start = value = rng.randint(*START)
+    start = value = rng.randint(*difficulty.start)
     steps = []
     for i in range(n_steps):
-        op, n, after = _choose_step(rng, value)
+        op, n, after = _choose_step(rng, value, difficulty)
         day = DAYS[i]
         steps.append(Step(day, op, n, value, after, rng.choice(ops[op]).format(n=n)))
         value = after
@@ -243,17 +279,18 @@ def line_forms(response: str) -> list[str]:
     return forms
 
 
-def _rows(rng: random.Random, split: str, n: int, seen: set[str], with_solution: bool) -> list[dict]:
+def _rows(rng: random.Random, split: str, n: int, seen: set[str], with_solution: bool,
+          difficulty: Difficulty) -> list[dict]:
     """`n` problems with questions unseen so far (recorded in `seen`), as prepared-data rows."""
     rows = []
     while len(rows) < n:
         if split == "toy_ood":
             unseen = len(rows) % 2 == 0
             template = rng.choice(OOD_TEMPLATES if unseen else ID_TEMPLATES)
-            n_steps = rng.randint(*(ID_STEPS if unseen else OOD_STEPS))
+            n_steps = rng.randint(*(difficulty.steps if unseen else difficulty.ood_steps))
         else:
-            template, n_steps = rng.choice(ID_TEMPLATES), rng.randint(*ID_STEPS)
-        p = make_problem(rng, template, n_steps)
+            template, n_steps = rng.choice(ID_TEMPLATES), rng.randint(*difficulty.steps)
+        p = make_problem(rng, template, n_steps, difficulty)
         if p.question in seen:
             continue
         seen.add(p.question)
@@ -272,15 +309,18 @@ def _rows(rng: random.Random, split: str, n: int, seen: set[str], with_solution:
     return rows
 
 
-def make_splits(seed: int, n_train: int, n_rl: int, n_eval: int) -> dict[str, list[dict]]:
+def make_splits(seed: int, n_train: int, n_rl: int, n_eval: int, difficulty: Difficulty = DEFAULT,
+                exclude: frozenset[str] = frozenset()) -> dict[str, list[dict]]:
     """All splits, with pairwise disjoint questions: {"train": SFT rows with `solution` and
-    `forms`, "rl_train": RL questions, "toy": in-domain eval, "toy_ood": out-of-domain eval}.
+    `forms`, "rl_train": RL questions, "toy": in-domain eval, "toy_ood": out-of-domain eval}, every
+    split as hard as `difficulty`, none of them a question of `exclude` (e.g. the SFT questions of
+    a model that is to be trained and evaluated on harder questions).
 
     The evaluation splits are drawn first, so their questions do not depend on the train sizes.
     """
     rng = random.Random(seed)
-    seen: set[str] = set()
-    out = {split: _rows(rng, split, n_eval, seen, False) for split in ("toy", "toy_ood")}
-    out["rl_train"] = _rows(rng, "rl_train", n_rl, seen, False)
-    out["train"] = _rows(rng, "train", n_train, seen, True)
+    seen = set(exclude)
+    out = {split: _rows(rng, split, n_eval, seen, False, difficulty) for split in ("toy", "toy_ood")}
+    out["rl_train"] = _rows(rng, "rl_train", n_rl, seen, False, difficulty)
+    out["train"] = _rows(rng, "train", n_train, seen, True, difficulty)
     return out

@@ -242,9 +242,11 @@ def input_dir(wildcards, input):
     return os.path.dirname(input[0])
 
 
-def toy_data_args():
-    """`bfspo toy data` split sizes the config sets (the rest keep the CLI's defaults)."""
-    return " ".join(f"--{k.replace('_', '-')} {config['toy'][k]}" for k in ("n_train", "n_rl", "n_eval") if k in config["toy"])
+def toy_data_args(section):
+    """`bfspo toy data` split sizes and difficulty that a config section (`toy`, `toy.questions`)
+    sets (the rest keep the CLI's defaults)."""
+    keys = ("n_train", "n_rl", "n_eval", "max_value", "max_operand", "min_steps", "max_steps")
+    return " ".join(f"--{k.replace('_', '-')} {section[k]}" for k in keys if k in section)
 
 
 def reported_inputs():

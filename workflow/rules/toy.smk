@@ -1,4 +1,6 @@
-"""The embedded toy (issue 6): generate the task, then build and SFT its tiny reasoning model."""
+"""The embedded toy (issue 6): generate the task, then build and SFT its tiny reasoning model; and,
+where `toy.questions` asks for them, other RL and evaluation questions for the same model (harder
+ones, none of them an SFT question)."""
 
 if "toy" in config:
     TOY = config["toy"]
@@ -11,7 +13,7 @@ if "toy" in config:
         params:
             out_dir=output_dir,
             seed=TOY["seed"],
-            sizes=toy_data_args(),
+            sizes=toy_data_args(TOY),
         resources:
             **slurm_resources(),
         conda:
@@ -38,3 +40,25 @@ if "toy" in config:
             CONDA_ENV
         shell:
             "bfspo toy build --train {input:q} --out-dir {output:q} --size {params.size} > {log} 2>&1"
+
+    if "questions" in TOY:
+
+        rule toy_questions:
+            input:
+                f"{TOY['data_dir']}/train.jsonl",
+            output:
+                expand("{dir}/{name}.jsonl", dir=TOY["questions"]["data_dir"], name=TOY_DATA_FILES),
+            log:
+                "logs/toy/questions.log",
+            params:
+                out_dir=output_dir,
+                seed=TOY["questions"].get("seed", TOY["seed"]),
+                knobs=toy_data_args(TOY["questions"]),
+            resources:
+                **slurm_resources(),
+            conda:
+                CONDA_ENV
+            shell:
+                "bfspo toy data --out-dir {params.out_dir:q} --seed {params.seed} --n-train 1 {params.knobs}"
+                " --exclude {input:q} > {log} 2>&1"
+

@@ -1,0 +1,258 @@
+"""The `paired` table layout (issue 17): every method of a table against the first, seed by seed.
+
+Seed s of every method starts from the same model, reads the training questions in the same
+seeded order (`Trainer.next_questions`: the permutation depends on the seed and the epoch only)
+and initialises LoRA from the same torch seed; the methods differ in how many questions a batch
+takes. So seed s of two methods share their starting point and their data, and the per-seed
+difference cancels what the seeds share. `check_pairing` verifies it from the runs themselves:
+the same model, training data and seed in config.json, and question orders of which the shorter
+is a prefix of the longer (the question ids of the logged trees, in the order they were drawn).
+
+For each method after the first (the baseline), each column and each metric (accuracy, average
+length, AES), with d_s = method - baseline on seed s (n seeds):
+- the mean of d_s, and its 95% interval: the percentile bootstrap over seeds of the mean of d_s
+  (resampling seeds keeps each pair together: the paired bootstrap);
+- the minimal detectable difference, MDD = (z_{1-alpha/2} + z_{power}) * sd(d) / sqrt(n): the
+  smallest true mean difference that a two-sided test at level alpha finds with probability
+  `power`, for differences as spread as the observed ones (normal approximation; alpha 0.05 and
+  power 0.8 give 2.80 * sd / sqrt(n));
+- the verdict: `beats` or `loses` when the interval excludes 0 (on the better or the worse side:
+  higher accuracy and AES, shorter answers), `matches` when it contains 0.
+Training time per step (Sec. 4.2, 1.37x in BFS-PO's favour): per seed, the ratio of the baseline's
+median step time to the method's (> 1: the method is faster), for the rollout, the old log-probs,
+the update and their sum (`timing/` of metrics.jsonl); its geometric mean over seeds, with the
+interval and MDD computed on the log ratios and mapped back (an MDD of 1.10 means a ratio off 1 by
+10%). The methods train on the same number of chains per batch (config `train_batch`).
+Beside the verdict, the tree statistics of `bfspo tree stats` over all seeds of each method.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from statistics import NormalDist
+
+import numpy as np
+import pandas as pd
+
+from bfspo.errors import BfspoError
+from bfspo.evaluation.metrics import bootstrap_ci
+from bfspo.io import atomic_write_text, read_json, read_jsonl
+from bfspo.reporting.tables import latex_escape
+from bfspo.reporting.tree_stats import read_trees, tree_files, tree_stats
+
+METRICS = [("acc", "Acc.", 1, True), ("avg_len", "Avg. Len.", 1, False), ("aes", "AES", 2, True)]
+TIMINGS = [("rollout", "timing/rollout_s"), ("old_logprobs", "timing/old_logprobs_s"), ("update", "timing/update_s")]
+BEATS, LOSES, MATCHES = "beats", "loses", "matches"
+TREE_COLUMNS = ["trees", "first_all_correct", "initial_accuracy", "expansion_accuracy", "equal_children",
+                "shortening", "best_branch_advantage", "best_branch_dapo_advantage", "other_correct_advantage"]
+N_RESAMPLES = 10000
+
+
+# ---- the statistics -------------------------------------------------------------------------------
+
+
+def min_detectable_difference(diffs, alpha: float = 0.05, power: float = 0.8) -> float:
+    """(z_{1-alpha/2} + z_{power}) * sd(diffs) / sqrt(n), sd with n - 1: the smallest true mean
+    difference a two-sided paired test at level `alpha` detects with probability `power` (normal
+    approximation). NaN for fewer than two differences."""
+    d = np.asarray(diffs, dtype=float)
+    if not (0 < alpha < 1 and 0 < power < 1):
+        raise BfspoError(f"alpha and power must lie in (0, 1), got {alpha} and {power}")
+    if d.size < 2:
+        return math.nan
+    z = NormalDist().inv_cdf
+    return float((z(1 - alpha / 2) + z(power)) * d.std(ddof=1) / math.sqrt(d.size))
+
+
+def verdict(ci_low: float, ci_high: float, higher_is_better: bool) -> str:
+    """`beats` when the interval of (method - baseline) lies wholly on the better side of 0,
+    `loses` when wholly on the worse side, `matches` when it contains 0."""
+    if ci_low > 0 or ci_high < 0:
+        return BEATS if (ci_low > 0) == higher_is_better else LOSES
+    return MATCHES
+
+
+def paired_summary(diffs, higher_is_better: bool, n_resamples: int = N_RESAMPLES, seed: int = 0) -> dict:
+    """Mean of the per-seed differences, its paired-bootstrap 95% interval, the MDD and the verdict."""
+    d = np.asarray(diffs, dtype=float)
+    d = d[~np.isnan(d)]
+    if d.size == 0:
+        return dict(diff=math.nan, ci_low=math.nan, ci_high=math.nan, mdd=math.nan, n=0, verdict="-")
+    lo, hi = bootstrap_ci(d, n_resamples=n_resamples, seed=seed)
+    return dict(diff=float(d.mean()), ci_low=lo, ci_high=hi, mdd=min_detectable_difference(d), n=int(d.size),
+                verdict=verdict(lo, hi, higher_is_better))
+
+
+def ratio_summary(ratios, n_resamples: int = N_RESAMPLES, seed: int = 0) -> dict:
+    """`paired_summary` of per-seed ratios (> 1 is better; NaN: missing) on the log scale, mapped
+    back: the geometric mean, its interval, and the MDD as a factor (exp of the log-scale MDD)."""
+    r = np.asarray(ratios, dtype=float)
+    r = r[~np.isnan(r)]
+    if np.any(r <= 0):
+        raise BfspoError(f"step-time ratios must be positive, got {r.tolist()}")
+    s = paired_summary(np.log(r), higher_is_better=True, n_resamples=n_resamples, seed=seed)
+    return s | {k: math.exp(s[k]) for k in ("diff", "ci_low", "ci_high", "mdd") if not math.isnan(s[k])}
+
+
+# ---- the runs ---------------------------------------------------------------------------------------
+
+
+def median_timings(run_dir: Path) -> dict[str, float]:
+    """Median seconds per training step of each TIMINGS component and of their sum ("step")."""
+    rows = [r for _, r in read_jsonl(run_dir / "metrics.jsonl", skipped=[])]
+    if not rows:
+        raise BfspoError(f"{run_dir}: metrics.jsonl has no steps")
+    frame = pd.DataFrame([{name: r.get(key, math.nan) for name, key in TIMINGS} for r in rows]).fillna(0.0)
+    return {**{name: float(frame[name].median()) for name, _ in TIMINGS}, "step": float(frame.sum(axis=1).median())}
+
+
+def logged_trees(run_dirs: list[Path], orders: dict[Path, list[str]]):
+    """The logged trees of the runs, one run after another, as `read_trees` yields them; the
+    question id of each is appended to orders[run_dir] (the run's question order)."""
+    for run_dir in run_dirs:
+        order = orders.setdefault(run_dir, [])
+        for d, tree in read_trees(tree_files([run_dir])):
+            order.append(d["meta"]["question_id"])
+            yield d, tree
+
+
+def check_pairing(configs: dict[str, dict], orders: dict[str, list[str]], seed) -> None:
+    """The runs of one seed (method -> config.json, method -> question order) share their model,
+    training data and seed, and the shorter question order is a prefix of every longer one."""
+    for key in ("model", "train_data", "seed"):
+        values = {m: c.get(key) for m, c in configs.items()}
+        if len(set(map(str, values.values()))) > 1:
+            raise BfspoError(f"seed {seed}: the runs are not paired, their {key} differs: {values}")
+    shortest = min(orders.values(), key=len)
+    for method, order in orders.items():
+        if order[: len(shortest)] != shortest:
+            first = next(i for i, (a, b) in enumerate(zip(order, shortest)) if a != b)
+            raise BfspoError(f"seed {seed}: the runs are not paired, {method} draws question {order[first]} "
+                             f"where another method draws {shortest[first]} (draw {first})")
+
+
+# ---- the tables -------------------------------------------------------------------------------------
+
+
+def per_seed(spec: dict, scored: pd.DataFrame, runs_dir: Path) -> tuple[pd.DataFrame, dict]:
+    """One row per (method, seed): each column's metrics, the run's median step timings and the
+    questions it drew; and method -> tree statistics over all its seeds. Checks the pairing."""
+    model = spec["models"][0]["key"]
+    train_set = spec["columns"][0]["train_set"]
+    trained = scored[(scored.model == model) & (scored.train_set == train_set)]
+    rows, trees, by_seed = [], {}, {}
+    for method in (m["key"] for m in spec["methods"]):
+        runs = {seed: g for seed, g in trained[trained.method == method].groupby("seed", sort=True)}
+        orders = {}
+        trees[method] = tree_stats(logged_trees([runs_dir / g.run.iloc[0] for g in runs.values()], orders))
+        for seed, g in runs.items():
+            run_dir = runs_dir / g.run.iloc[0]
+            by_seed.setdefault(seed, {})[method] = (read_json(run_dir / "config.json"), orders[run_dir])
+            row = dict(method=method, seed=seed, run=g.run.iloc[0], questions_drawn=len(orders[run_dir]))
+            for col in spec["columns"]:
+                cell = g[g.benchmark == col["benchmark"]]
+                for metric, *_ in METRICS:
+                    row[f"{metric}_{col['benchmark']}"] = float(cell[metric].iloc[0]) if len(cell) else math.nan
+            row |= {f"{k}_s": v for k, v in median_timings(run_dir).items()}
+            rows.append(row)
+    for seed, runs in by_seed.items():
+        check_pairing({m: c for m, (c, _) in runs.items()}, {m: o for m, (_, o) in runs.items()}, seed)
+    return pd.DataFrame(rows), trees
+
+
+def paired_table(spec: dict, seeds: pd.DataFrame) -> pd.DataFrame:
+    """One row per (method after the first, column or timing, metric): the two means, the paired
+    difference (or ratio), its interval, the MDD, the number of pairs and the verdict."""
+    base_key, labels = spec["methods"][0]["key"], {m["key"]: m["label"] for m in spec["methods"]}
+    base = seeds[seeds.method == base_key].set_index("seed")
+    rows = []
+    for method in (m["key"] for m in spec["methods"][1:]):
+        other = seeds[seeds.method == method].set_index("seed")
+        common = base.index.intersection(other.index)
+        for col in spec["columns"]:
+            for metric, name, _, better in METRICS:
+                key = f"{metric}_{col['benchmark']}"
+                d = other.loc[common, key] - base.loc[common, key]
+                rows.append(dict(method=labels[method], what=f"{col['label']} ({col.get('domain', '')})", metric=name,
+                                 baseline=base.loc[common, key].mean(), value=other.loc[common, key].mean(),
+                                 **paired_summary(d.to_numpy(), better)))
+        for part in [name for name, _ in TIMINGS] + ["step"]:
+            key = f"{part}_s"
+            b, o = base.loc[common, key], other.loc[common, key]
+            ratio = (b / o).where((b > 0) & (o > 0))  # a run without updates has no update time
+            rows.append(dict(method=labels[method], what="step time", metric=f"{part} ratio",
+                             baseline=base.loc[common, key].median(), value=other.loc[common, key].median(),
+                             **ratio_summary(ratio.to_numpy())))
+    return pd.DataFrame(rows)
+
+
+def _fmt(x: float, digits: int) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def format_paired(spec: dict, table: pd.DataFrame) -> pd.DataFrame:
+    """The paired table as the Markdown shows it."""
+    base_label = spec["methods"][0]["label"]
+    digits = {name: d for _, name, d, _ in METRICS}
+    out = []
+    for r in table.itertuples():
+        timing = r.what == "step time"
+        d = 2 if timing else digits[r.metric]
+        out.append({
+            "Method": r.method, "Column": r.what, "Metric": r.metric,
+            base_label: _fmt(r.baseline, d) + (" s" if timing else ""),
+            "Method mean": _fmt(r.value, d) + (" s" if timing else ""),
+            "Difference": (f"{_fmt(r.diff, 2)}x" if timing else f"{r.diff:+.{d}f}"),
+            "95% interval": (f"[{_fmt(r.ci_low, 2)}x, {_fmt(r.ci_high, 2)}x]" if timing
+                             else f"[{r.ci_low:+.{d}f}, {r.ci_high:+.{d}f}]"),
+            "MDD (80%)": f"{_fmt(r.mdd, 2)}x" if timing else _fmt(r.mdd, d),
+            "Pairs": str(r.n), "Verdict": r.verdict,
+        })
+    return pd.DataFrame(out)
+
+
+def format_trees(spec: dict, trees: dict, seeds: pd.DataFrame) -> pd.DataFrame:
+    labels = {m["key"]: m["label"] for m in spec["methods"]}
+    rows = []
+    for method, stats in trees.items():
+        row = {"Method": labels[method],
+               "questions drawn per run": _fmt(float(seeds[seeds.method == method].questions_drawn.mean()), 0)}
+        for key in TREE_COLUMNS:
+            value = stats[key]
+            row[key] = str(value) if key == "trees" else _fmt(math.nan if value is None else value, 3)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_paired(spec: dict, scored: pd.DataFrame, runs_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """DIR/<name>.csv (the paired table as numbers), .md, .tex, and <name>_seeds.csv (per-seed rows)."""
+    if len(spec["models"]) != 1 or len({c["train_set"] for c in spec["columns"]}) != 1 or len(spec["methods"]) < 2:
+        raise BfspoError(f"table {spec['name']}: the paired layout needs one model, one train set and at least "
+                         "two methods (the first is the baseline)")
+    seeds, trees = per_seed(spec, scored, Path(runs_dir))
+    table = paired_table(spec, seeds)
+    shown = format_paired(spec, table)
+    out = Path(out_dir)
+    paths = [out / f"{spec['name']}.{ext}" for ext in ("csv", "md", "tex")] + [out / f"{spec['name']}_seeds.csv"]
+    base = spec["methods"][0]["label"]
+    zero = scored[scored.method == "zero-shot"]
+    zero_text = "; ".join(f"{c['label']}: {r.acc:.1f}% with {r.avg_len:.0f} tokens" for c in spec["columns"]
+                          for r in zero[zero.benchmark == c["benchmark"]].itertuples())
+    atomic_write_text(paths[3], seeds.to_csv(index=False))
+    atomic_write_text(paths[0], table.to_csv(index=False))
+    atomic_write_text(paths[1], (
+        f"## {spec['title']}\n\n{shown.to_markdown(index=False, disable_numparse=True)}\n\n"
+        f"Difference: method minus {base}, mean over the seeds both ran (paired); the interval is the "
+        f"percentile bootstrap over seeds ({N_RESAMPLES} resamples) of that mean. Step time: {base}'s median "
+        "step time over the method's, per seed (> 1: the method is faster), geometric mean over seeds. "
+        "MDD (80%): the smallest difference this many seeds detects with 80% power at alpha 0.05, "
+        "(z_0.975 + z_0.8) * sd(differences) / sqrt(pairs). Verdict: beats / loses when the interval "
+        "excludes 0 (a ratio of 1) on the method's better / worse side, matches when it does not. "
+        f"Pairing checked: per seed, the same model, training data and seed, and one question order. "
+        f"Zero-shot (greedy, the AES baseline): {zero_text}.\n\n"
+        f"### Tree statistics (`bfspo tree stats` over all seeds of each method)\n\n"
+        f"{format_trees(spec, trees, seeds).to_markdown(index=False, disable_numparse=True)}\n"))
+    atomic_write_text(paths[2], shown.map(latex_escape).rename(columns=latex_escape).style.hide(axis="index").to_latex(
+        hrules=True, caption=latex_escape(spec["title"]), label=f"tab:{spec['name']}"))
+    return paths
