@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from bfspo.errors import BfspoError
-from bfspo.rehearsal import NOTE, derive
+from bfspo.rehearsal.config import NOTE, derive
 from tests.test_workflow import ROOT, dry_run, job_counts, jobs, workflow_copy
 
 PAPER = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
@@ -33,7 +33,7 @@ def test_derivation_is_pure_and_replaces_only_models_sizes_and_resources():
         assert model == PAPER["models"][name] | {"path": f"results/rehearsal/models/{size}"}
     assert rehearsal["stand_ins"] == {"dir": "results/rehearsal/models"} and rehearsal["results"] == "results/rehearsal"
     assert (rehearsal["benchmarks"]["aime25"]["samples"], rehearsal["benchmarks"]["aime25"]["temperature"]) == (32, 1.0)
-    sizes = {"steps", "group_size", "train_batch", "mini_batch", "oversample", "max_gen_rounds", "threads"}
+    sizes = {"steps", "limit", "group_size", "train_batch", "mini_batch", "oversample", "max_gen_rounds", "threads"}
     assert {k: v for k, v in rehearsal["train"].items() if k not in sizes} == {
         k: v for k, v in PAPER["train"].items() if k not in sizes}
     assert rehearsal["train"]["engine"] == rehearsal["evaluation"]["engine"] == "vllm"
@@ -70,12 +70,12 @@ def rehearsal_config(tmp_path) -> Path:
     return path
 
 
-def test_rehearsal_plans_the_papers_jobs_plus_one_stand_in_per_size_class(rehearsal_config):
+def test_rehearsal_plans_the_papers_jobs_plus_two_stand_in_steps_per_size_class(rehearsal_config):
     paper = job_counts(dry_run("--configfile", "config/paper.yaml"))
     out = dry_run("-p", "--rerun-incomplete", "--configfile", str(rehearsal_config))  # even beside a rehearsal running
     counts = job_counts(out)
     assert (counts["train"], counts["evaluate"]) == (paper["train"], paper["evaluate"]) == (15, 42)
-    assert counts == paper + Counter(stand_in=2)
+    assert counts == paper + Counter(stand_in=2, stand_in_sft=2)
     big = [t for r, t in jobs(out) if r == "train" and "llama3.1-8b_math_bfspo_s0" in t]
     assert "torchrun --nproc-per-node 2 --standalone -m bfspo.cli train" in big[0] and "gpu=0" in big[0]
     (aime,) = [t for r, t in jobs(out) if r == "evaluate" and "qwen2.5-7b_math_dapo_s0/aime25" in t]

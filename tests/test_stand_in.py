@@ -6,7 +6,7 @@ import pytest
 
 from bfspo.errors import BfspoError
 from bfspo.io import read_json, write_jsonl
-from bfspo.stand_in import build, parse_data
+from bfspo.rehearsal.stand_in import build, parse_data
 
 
 def test_max_positions_hold_the_longest_rendered_prompt_plus_the_budget(tmp_path):

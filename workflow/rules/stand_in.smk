@@ -1,5 +1,7 @@
-"""Stand-in models (the rehearsal, bfspo/rehearsal.py): one tiny random-init Qwen2 per size class,
-with a BPE tokenizer trained on the prepared questions and room for the longest prompt plus budget."""
+"""Stand-in models (the rehearsal, bfspo/rehearsal/), two steps per size class: a tiny random-init
+Qwen2 with a BPE tokenizer trained on the prepared questions and room for the longest prompt plus
+budget (rule stand_in), then a short SFT on the first `train.limit` questions of every train set,
+the ones its runs train on, so that its groups mix right and wrong answers (rule stand_in_sft)."""
 
 if "stand_ins" in config:
     STAND_IN_DATA, STAND_IN_BUDGET = stand_in_data()
@@ -8,7 +10,7 @@ if "stand_ins" in config:
         input:
             sorted({pair.split("=", 1)[1] for pair in STAND_IN_DATA}),
         output:
-            directory(stand_in_path("{size}")),
+            directory(stand_in_init_path("{size}")),
         log:
             "logs/stand_in/{size}.log",
         wildcard_constraints:
@@ -23,4 +25,25 @@ if "stand_ins" in config:
             CONDA_ENV
         shell:
             "bfspo stand-in --data {params.data} --budget {params.budget} --seed {params.seed}"
+            " --out-dir {output:q} > {log} 2>&1"
+
+    rule stand_in_sft:
+        input:
+            model=stand_in_init_path("{size}"),
+            data=sorted({s["data"] for s in config["train_sets"].values()}),
+        output:
+            directory(stand_in_path("{size}")),
+        log:
+            "logs/stand_in_sft/{size}.log",
+        wildcard_constraints:
+            size=_alternation(config["resources"]),
+        params:
+            data=" ".join(shlex.quote(f"{s['benchmark']}={s['data']}") for s in config["train_sets"].values()),
+            questions=config["train"]["limit"],
+        resources:
+            **slurm_resources(),
+        conda:
+            CONDA_ENV
+        shell:
+            "bfspo stand-in-sft --model {input.model:q} --data {params.data} --questions {params.questions}"
             " --out-dir {output:q} > {log} 2>&1"
