@@ -22,6 +22,7 @@ COMMANDS = {
     "rehearsal-config": ("bfspo.rehearsal.config", "derive the rehearsal config (tiny stand-in models) from the paper config"),
     "stand-in": ("bfspo.rehearsal.stand_in", "build a tiny random-init model that stands in for a hub model"),
     "stand-in-sft": ("bfspo.rehearsal.sft", "fine-tune a stand-in on the training questions it then sees in RL"),
+    "rehearsal-check": ("bfspo.rehearsal.check", "check that a rehearsal filled every table and trained every run"),
     "tables": ("bfspo.reporting.tables", "build the paper's tables from evaluation summaries"),
     "figures": ("bfspo.reporting.figures", "draw the Pareto, training-curve and backtracking figures"),
     "tree": ("bfspo.reporting.tree_show", "render logged search trees as text"),

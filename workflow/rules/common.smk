@@ -252,6 +252,8 @@ def final_outputs():
             outputs.append(f"{RESULTS}/report/{table}.json")
     if config.get("reported_results"):
         outputs.append(f"{RESULTS}/tables/aes_consistency.csv")
+    if "stand_ins" in config:
+        outputs.append(f"{RESULTS}/rehearsal_check.json")
     return outputs
 
 
