@@ -103,7 +103,7 @@ def _run(tmp_path, name, steps):
 
 def test_check_passes_a_complete_rehearsal_and_counts_its_mixed_groups(tmp_path):
     result = check([_table(tmp_path, "gsm8k", 2.5)], [_run(tmp_path, "a", 1), _run(tmp_path, "b", 2)])
-    assert result["cells_of_ours"] == {"gsm8k": 4} and result["optimizer_steps"] == 3
+    assert result["cells_of_ours"] == {"gsm8k": 4} and result["optimizer_steps_min"] == 1
     assert (result["groups_mixed"], result["groups_generated"]) == (3, 9) and result["note"] == NOTE
 
 
