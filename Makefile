@@ -38,8 +38,9 @@ lint: setup
 paper-dry-run: setup
 	snakemake --profile slurm -n --configfile config/paper.yaml
 
-# The paper's whole DAG with tiny stand-in models (bfspo/rehearsal.py), its config derived afresh
-# from config/paper.yaml; everything lands in results/rehearsal. The numbers mean nothing.
+# The paper's whole DAG with tiny stand-in models (bfspo/rehearsal/), its config derived afresh
+# from config/paper.yaml; everything lands in results/rehearsal, and its last rule checks that every
+# table cell of ours holds a number and every run trained. The numbers mean nothing.
 rehearsal: setup
 	bfspo rehearsal-config --paper config/paper.yaml --out results/rehearsal/config.yaml $(if $(REHEARSAL_ENGINE),--engine $(REHEARSAL_ENGINE))
 	snakemake --cores $(CORES) --configfile results/rehearsal/config.yaml

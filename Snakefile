@@ -17,7 +17,7 @@ if not workflow.overwrite_configfiles:
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/toy.smk"
-include: "workflow/rules/stand_in.smk"
+include: "workflow/rules/rehearsal.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/tables.smk"

@@ -1,10 +1,12 @@
-"""Files that are never half-written: atomic writes, and JSONL reading with line-numbered errors."""
+"""Files that are never half-written: atomic writes (of files and folders), and JSONL reading with line-numbered errors."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -28,6 +30,22 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary folder beside `path` to fill, renamed to `path` (replacing it) when the block ends
+    without error and removed otherwise: a half-written folder (a model directory) never looks finished."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

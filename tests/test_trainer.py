@@ -356,6 +356,19 @@ def test_bad_training_rows_are_refused(tiny_model_dir, tmp_path, line, message):
         load_questions(cfg, load_tokenizer(str(tiny_model_dir)), None)
 
 
+def test_limit_keeps_the_first_questions_and_reads_no_further(tiny_model_dir, tmp_path):
+    from bfspo.model_io import load_tokenizer
+    from bfspo.training.config import TrainConfig
+    from bfspo.training.trainer import load_questions
+
+    data = tmp_path / "train.jsonl"
+    rows = [json.dumps({"id": str(i), "question": f"What is {i} + 1?", "answer": str(i + 1)}) for i in range(5)]
+    data.write_text("\n".join(rows + ['{"id": "bad", "question": null}']) + "\n")
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(data), limit=3)
+    assert [q.id for q in load_questions(cfg, tokenizer, None)] == ["0", "1", "2"]
+
+
 class _FakeAdapterModel:
     def save_pretrained(self, path):
         path.mkdir(parents=True)

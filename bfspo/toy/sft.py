@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
 from bfspo.errors import BfspoError
-from bfspo.io import write_json
+from bfspo.io import atomic_dir, write_json
 from bfspo.tasks.prompts import prompt_ids, user_message
 from bfspo.toy.model import DEFAULT_SYSTEM, new_model, save_model_dir, train_tokenizer
 
@@ -83,9 +81,10 @@ def tokenizer_corpus(rows: Sequence[dict]) -> list[str]:
     return texts
 
 
-def encode(tokenizer, row: dict) -> tuple[list[int], int]:
-    """(prompt + solution + EOS token ids, prompt length) for one training row."""
-    prompt = prompt_ids(tokenizer, BENCHMARK, row["question"])
+def encode(tokenizer, row: dict, benchmark: str = BENCHMARK) -> tuple[list[int], int]:
+    """(prompt + solution + EOS token ids, prompt length) for one training row, its question
+    rendered with `benchmark`'s prompt."""
+    prompt = prompt_ids(tokenizer, benchmark, row["question"])
     target = tokenizer(row["solution"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return prompt + target, len(prompt)
 
@@ -128,8 +127,10 @@ def batches(lengths: Sequence[int], batch_size: int, rng: random.Random) -> Iter
         yield from epoch
 
 
-def train(model, examples: Sequence[tuple[list[int], int]], pad_id: int, cfg: SFTConfig) -> list[float]:
-    """Full fine-tuning for cfg.steps steps; returns the training loss of every step."""
+def train(model, examples: Sequence[tuple[list[int], int]], pad_id: int, cfg: SFTConfig,
+          name: str = "toy sft") -> list[float]:
+    """Full fine-tuning for cfg.steps steps; returns the training loss of every step (`name` labels
+    the progress bar and errors)."""
     import torch
     from tqdm import tqdm
 
@@ -139,12 +140,12 @@ def train(model, examples: Sequence[tuple[list[int], int]], pad_id: int, cfg: SF
     stream = batches([len(ids) for ids, _ in examples], cfg.batch_size, random.Random(cfg.seed))
     losses = []
     model.train()
-    bar = tqdm(range(cfg.steps), desc="toy sft", unit="step")
+    bar = tqdm(range(cfg.steps), desc=name, unit="step")
     for step in bar:
         input_ids, mask, labels = (t.to(device) for t in collate([examples[i] for i in next(stream)], pad_id))
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
         if not torch.isfinite(loss):
-            raise BfspoError(f"toy sft: loss became {loss.item()} at step {step}; lower --lr")
+            raise BfspoError(f"{name}: loss became {loss.item()} at step {step}; lower the learning rate")
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         opt.zero_grad(set_to_none=True)
@@ -192,31 +193,27 @@ def build(rows: Sequence[dict], cfg: SFTConfig, out_dir: str | Path) -> dict:
                       max_positions=1024, seed=cfg.seed)
     examples = [encode(tokenizer, r) for r in rows]
     losses = train(model, examples, tokenizer.pad_token_id, cfg)
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    try:
+    with atomic_dir(out_dir) as tmp:
         save_model_dir(model, tokenizer, tmp)
         check_reload(tmp, examples[:50], rows[:50])
-        summary = {
-            "config": asdict(cfg),
-            "device": str(sft_device(cfg.device)),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "vocab": len(tokenizer),
-            "train_rows": len(rows),
-            "loss_first": losses[0],
-            "loss_last": sum(losses[-10:]) / len(losses[-10:]),
-            "losses": losses,
-            "wall_s": time.perf_counter() - t0,
-        }
+        summary = fit_summary(model, cfg, rows, losses, t0)
         write_json(tmp / "sft.json", summary)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return summary
+
+
+def fit_summary(model, cfg: SFTConfig, rows: Sequence[dict], losses: Sequence[float], t0: float) -> dict:
+    """What sft.json records of a fine-tuning: config, device, size, first and last losses, wall time."""
+    return {
+        "config": asdict(cfg),
+        "device": str(sft_device(cfg.device)),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab": model.config.vocab_size,
+        "train_rows": len(rows),
+        "loss_first": losses[0],
+        "loss_last": sum(losses[-10:]) / len(losses[-10:]),
+        "losses": list(losses),
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def check_reload(model_dir: Path, examples: Sequence[tuple[list[int], int]], rows: Sequence[dict]) -> None:

@@ -51,6 +51,9 @@ class TrainConfig:
     train_data: str = field(metadata={"help": "Prepared JSONL of training questions (rows with id, question, answer)."})
     benchmark: str = field(default="gsm8k_train", metadata={
         "help": "Benchmark whose prompt and verifier apply to the training questions (bfspo.tasks.benchmarks)."})
+    limit: int = field(default=0, metadata={
+        "help": "Train on the first N questions of train_data only (0: all of them; the rehearsal's stand-ins "
+                "are fine-tuned on the same N)."})
 
     # --- the method ---------------------------------------------------------------------------
     k: int = field(default=3, metadata={"help": "Expansion iterations K of Algorithm 1; 0 is exactly DAPO."})
@@ -148,7 +151,7 @@ class TrainConfig:
         for name in positive:
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise BfspoError(f"config: {name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("k", "threads", "seed", "max_nonfinite"):
+        for name in ("k", "limit", "threads", "seed", "max_nonfinite"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise BfspoError(f"config: {name} must be an integer >= 0, got {getattr(self, name)!r}")
         for name, (ok, bounds) in _NUMBER_BOUNDS.items():

@@ -55,13 +55,16 @@ class Question:
 
 
 def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None) -> list[Question]:
-    """Tokenised prompts of the training set; an empty set or a prompt with no room for the budget is an error."""
+    """Tokenised prompts of the training set (its first `cfg.limit`, if set); an empty set or a prompt
+    with no room for the budget is an error."""
     from bfspo.tasks.benchmarks import get_benchmark
     from bfspo.tasks.prompts import prompt_ids
 
     get_benchmark(cfg.benchmark)
     questions = []
     for lineno, row in read_jsonl(cfg.train_data):
+        if cfg.limit and len(questions) == cfg.limit:
+            break
         missing = [k for k in ("id", "question", "answer")
                    if not isinstance(row.get(k), (str, int)) or isinstance(row[k], bool) or str(row[k]).strip() == ""]
         if missing:

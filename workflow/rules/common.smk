@@ -88,6 +88,9 @@ def _check_references():
     toy_paths = [m["path"] for m in config["models"].values()] + [
         s["data"] for s in list(config["train_sets"].values()) + list(config["benchmarks"].values())
     ]
+    if "stand_ins" in config and not config.get("train", {}).get("limit"):
+        errors.append("stand_ins: the stand-ins are fine-tuned on the questions their runs train on, "
+                      "so train.limit must set how many (the first N of every train set)")
     if "toy" not in config and any(p.startswith(f"{RESULTS}/toy") for p in toy_paths):
         errors.append("paths under results/toy... are built by the toy rules and need a 'toy' section")
     if errors:
@@ -266,6 +269,8 @@ def final_outputs():
             outputs.append(f"{RESULTS}/report/{table}.json")
     if config.get("reported_results"):
         outputs.append(f"{RESULTS}/tables/aes_consistency.csv")
+    if "stand_ins" in config:
+        outputs.append(f"{RESULTS}/rehearsal_check.json")
     return outputs
 
 
@@ -279,6 +284,11 @@ def model_of(run):
 
 def stand_in_path(size):
     return f"{config['stand_ins']['dir']}/{size}"
+
+
+def stand_in_init_path(size):
+    """The random-init step of a stand-in, before its SFT."""
+    return f"{config['stand_ins']['dir']}/init/{size}"
 
 
 def model_inputs(model):

@@ -1,5 +1,5 @@
-"""`bfspo stand-in`: a tiny local model that stands in for a hub model where none can be downloaded
-(the rehearsal of the paper DAG, bfspo/rehearsal.py).
+"""`bfspo stand-in`: a tiny random-init model, the first step of a stand-in for a hub model where
+none can be downloaded (the rehearsal of the paper DAG; `bfspo stand-in-sft` is the second step).
 
     bfspo stand-in --data BENCHMARK=FILE [BENCHMARK=FILE ...] --budget N --out-dir MODEL_DIR [--seed S]
 
@@ -12,12 +12,10 @@ tokens, so nothing is ever truncated. The model answers at random: its scores me
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 from pathlib import Path
 
 from bfspo.errors import BfspoError
-from bfspo.io import read_jsonl, write_json
+from bfspo.io import atomic_dir, read_jsonl, write_json
 
 VOCAB_SIZE = 512
 HIDDEN_SIZE = 128  # 4 heads of 32: the smallest head dim that vLLM's CPU attention supports
@@ -60,14 +58,9 @@ def build(data: dict[str, Path], budget: int, out_dir: Path, seed: int = 0) -> d
     model = new_model(tokenizer, hidden_size=HIDDEN_SIZE, layers=LAYERS, max_positions=longest + budget, seed=seed)
     info = {"stand_in": True, "seed": seed, "longest_prompt": longest, "budget": budget,
             "max_positions": longest + budget, "questions": {k: len(v) for k, v in questions.items()}}
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    try:
+    with atomic_dir(out_dir) as tmp:
         save_model_dir(model, tokenizer, tmp)
         write_json(tmp / "stand_in.json", info)
-        tmp.rename(out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return info
 
 

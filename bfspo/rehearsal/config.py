@@ -3,8 +3,9 @@
     bfspo rehearsal-config --paper config/paper.yaml --out results/rehearsal/config.yaml [--engine transformers]
 
 `derive` replaces only what this machine forces: each size class's hub models by one tiny
-random-init stand-in that the workflow builds (`stand_ins`, rule stand_in), the step counts, the
-questions per benchmark and the batch sizes, and the resources (every class becomes a CPU class; a
+stand-in that the workflow builds (`stand_ins`: rule stand_in, random init, then rule stand_in_sft,
+a short SFT on the training questions its runs then see), the step counts, the questions per
+benchmark and per train set, and the batch sizes, and the resources (every class becomes a CPU class; a
 class with several GPUs keeps that many data-parallel ranks). Everything else (benchmarks, prompts,
 budgets, samples, temperatures, methods, tables, reported rows, W&B) is the paper config's own.
 `--engine` may swap the rollout engine (CI uses transformers for speed). The tables' titles and a
@@ -23,17 +24,21 @@ from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text
 
 RESULTS = "results/rehearsal"
-NOTE = "REHEARSAL: tiny random-init stand-in models; the numbers mean nothing"
-TRAIN_SIZE = dict(steps=1, group_size=2, train_batch=1, mini_batch=1, oversample=1.0, max_gen_rounds=1, threads=1)
+NOTE = "REHEARSAL: tiny stand-in models; the numbers mean nothing"
+# One optimizer step on one prompt of 4 answers. Up to 4 rounds of 2 questions find a group that
+# mixes right and wrong answers (the SFT'd stand-in gets about 70% right on its 8 questions).
+TRAIN_SIZE = dict(steps=1, limit=8, group_size=4, train_batch=1, mini_batch=1, oversample=2.0, max_gen_rounds=4,
+                  threads=1)
 EVAL_LIMIT = 2
 CPU_CLASS = dict(gpus=0, cpus=1, mem_mb=4000, train_runtime=60, eval_runtime=60)
 README = f"""# {NOTE}
 
 Everything under this folder comes from `make rehearsal`: the DAG of config/paper.yaml run end to end
-with tiny random-init stand-in models (models/, one per size class), {TRAIN_SIZE['steps']} training step(s),
+with tiny stand-in models (models/, one per size class: random init, then a short SFT on the first
+{TRAIN_SIZE['limit']} questions of each train set), {TRAIN_SIZE['steps']} training step(s) on those questions,
 {EVAL_LIMIT} questions per benchmark and the smallest batches. It shows that every rule, prompt,
 budget and table of the paper runs; its accuracies and lengths say nothing about BFS-PO.
-config.yaml is the derived config (see bfspo/rehearsal.py for what it replaces).
+config.yaml is the derived config (see bfspo/rehearsal/config.py for what it replaces).
 """
 
 
