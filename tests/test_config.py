@@ -26,6 +26,23 @@ def test_prompt_batches_count_g_chains_per_prompt(k):
     assert cfg.train_batch_chains // cfg.mini_batch_chains == 16
 
 
+@pytest.mark.parametrize("unit, batch, world, chains", [
+    ("chains", 64, 2, 32),
+    ("prompts", 2, 2, 4),      # one prompt of G = 4 per rank
+])
+def test_each_rank_gets_whole_units_of_the_batch(unit, batch, world, chains):
+    cfg = TrainConfig(model="m", train_data="d", group_size=4, batch_unit=unit, train_batch=batch, mini_batch=1)
+    assert cfg.rank_chains(world) == chains
+
+
+def test_half_a_prompt_per_rank_is_refused():
+    # 1 prompt over 2 ranks: 2 chains each, yet a rank trains a whole group of 4, doubling the batch
+    cfg = TrainConfig(model="m", train_data="d", group_size=4, batch_unit="prompts", train_batch=1, mini_batch=1)
+    assert cfg.train_batch_chains % 2 == 0
+    with pytest.raises(BfspoError, match=r"train_batch \(1 prompts\) must be a multiple of the number of ranks \(2\)"):
+        cfg.rank_chains(2)
+
+
 @pytest.mark.parametrize("overrides, method", [
     ({"k": 0}, "dapo"),
     ({"selection": "entropy"}, "no_bfs"),

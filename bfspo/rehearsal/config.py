@@ -25,9 +25,10 @@ from bfspo.io import atomic_write_text
 
 RESULTS = "results/rehearsal"
 NOTE = "REHEARSAL: tiny stand-in models; the numbers mean nothing"
-# One optimizer step on one prompt of 4 answers. Up to 4 rounds of 2 questions find a group that
-# mixes right and wrong answers (the SFT'd stand-in gets about 70% right on its 8 questions).
-TRAIN_SIZE = dict(steps=1, limit=8, group_size=4, train_batch=1, mini_batch=1, oversample=2.0, max_gen_rounds=4,
+# One step of two prompts of 4 answers (two optimizer steps; one prompt per rank in a 2-rank class).
+# Up to 4 rounds find groups that mix right and wrong answers (the SFT'd stand-in gets about 70%
+# right on its 8 questions).
+TRAIN_SIZE = dict(steps=1, limit=8, group_size=4, train_batch=2, mini_batch=1, oversample=2.0, max_gen_rounds=4,
                   threads=1)
 EVAL_LIMIT = 2
 CPU_CLASS = dict(gpus=0, cpus=1, mem_mb=4000, train_runtime=60, eval_runtime=60)

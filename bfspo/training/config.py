@@ -177,6 +177,15 @@ class TrainConfig:
         """Complete chains per training batch, for DAPO and BFS-PO alike (Sec. 4.2)."""
         return self.train_batch * self.chains_per_unit
 
+    def rank_chains(self, world: int) -> int:
+        """Complete chains in one rank's share of a batch, when `world` ranks split it. Each rank must
+        get whole units: under 'prompts' a rank with half a prompt would still train a whole group,
+        and the batch would silently grow."""
+        if self.train_batch % world:
+            raise BfspoError(f"config: train_batch ({self.train_batch} {self.batch_unit}) must be a multiple of "
+                             f"the number of ranks ({world})")
+        return self.train_batch_chains // world
+
     @property
     def mini_batch_chains(self) -> int:
         """Complete chains per optimizer step."""

@@ -146,9 +146,7 @@ class Trainer:
 
         self.cfg, self.run_dir = cfg, run_dir
         self.rank, self.world = dist.setup()
-        if cfg.train_batch_chains % self.world:
-            raise BfspoError(f"config: train_batch_chains ({cfg.train_batch_chains}) must be a multiple of "
-                             f"the number of ranks ({self.world})")
+        self.rank_chains = cfg.rank_chains(self.world)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         random.seed(cfg.seed)
@@ -209,7 +207,7 @@ class Trainer:
         """(batch trees, all generated trees, stats) for this rank's share of the batch: Algorithm 1,
         rewards, advantages and dynamic sampling (bfspo/training/batching.py)."""
         cfg = self.cfg
-        target = cfg.train_batch_chains // self.world
+        target = self.rank_chains
 
         def generate(n: int, round_: int) -> list:
             qs = self.next_questions(n)
