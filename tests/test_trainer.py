@@ -89,8 +89,11 @@ def test_resume_after_kill(tiny_model_dir, train_data, tmp_path):
 
     env = {**ENV, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     out = tmp_path / "resume"
+    # Ctrl-C's default action, even where the test itself runs in the background of a
+    # non-interactive shell, which starts it (and would start the trainer) with SIGINT ignored.
     proc = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=5, save_every=2), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
