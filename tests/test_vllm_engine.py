@@ -221,11 +221,14 @@ def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(
     steps, out = 3, tmp_path / "vllm"
     proc = subprocess.Popen([sys.executable, "-m", "bfspo.cli", *map(str, train_args(model_dir, train_data, out,
                                                                                        "vllm", steps))],
-                            env={**os.environ, **ENV_KEYS}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env={**os.environ, **ENV_KEYS}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     deadline = time.time() + 240
     while time.time() < deadline and not (out / "checkpoint" / "COMPLETE").exists():
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
+    # Every process of the run, as Slurm kills a job: killed alone, the trainer would leave vLLM's
+    # engine-core process behind, orphaned.
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (out / "done.json").exists(), "the run finished before it could be killed"
     resumed = cli(*train_args(model_dir, train_data, out, "vllm", steps))
