@@ -44,14 +44,14 @@ def sft_rows(data: dict[str, Path], questions: int) -> list[dict]:
 def build(model_dir: Path, data: dict[str, Path], questions: int, out_dir: Path, cfg: SFTConfig = CONFIG) -> dict:
     """Fine-tune the model of `model_dir` on `sft_rows` and save it, with sft.json, to `out_dir`."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bfspo.model_io import load_model
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
     rows = sft_rows(data, questions)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model, tokenizer = load_model(str(model_dir), device="cpu", dtype=torch.float32)
     examples = [encode(tokenizer, r, r["benchmark"]) for r in rows]
     losses = train(model, examples, tokenizer.pad_token_id, cfg, name="stand-in sft")
     summary = fit_summary(model, cfg, rows, losses, t0) | {
