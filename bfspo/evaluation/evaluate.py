@@ -214,7 +214,8 @@ def evaluate(args) -> int:
                 "limit": args.limit, "budget": budget, "samples": samples, "temperature": temperature,
                 "seed": args.seed, "batch_size": args.batch_size, "engine": args.engine,
                 "fingerprints": [fingerprint(p) for p in (args.model, args.adapter, args.data)]}
-    progress = Progress(args.out_dir, settings, [[rows[i]["id"] for i in batch] for batch in batches])
+    batch_ids = [[rows[i]["id"] for i in batch] for batch in batches]
+    progress = Progress(args.out_dir, settings, batch_ids)
     todo = [k for k in range(len(batches)) if k not in progress.done]
     bar = tqdm(total=sum(len(batches[k]) for k in todo) * samples, desc=f"evaluate {benchmark.name}", unit="seq")
     with bar:
@@ -224,7 +225,7 @@ def evaluate(args) -> int:
             results = engine.generate([prompts[i] for i in batch], samples, budget, temperature=temperature,
                                       seed=args.seed + sum(len(b) for b in batches[:k]))
             seconds = time.perf_counter() - start
-            progress.record(k, [rows[i]["id"] for i in batch], seconds,
+            progress.record(k, batch_ids[k], seconds,
                             score(benchmark, [rows[i] for i in batch], results, tokenizer))
             bar.update(len(batch) * samples)
 
