@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from bfspo.training.config import TrainConfig, load_config, parse_overrides
+from bfspo.training.config import TrainConfig, load_train_config, parse_overrides
 from bfspo.errors import BfspoError
 
 
@@ -56,7 +56,7 @@ def test_method_names(overrides, method):
 def test_overrides_are_yaml_scalars(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("model: m\ntrain_data: d\nk: 1\n")
-    cfg = load_config(str(f), ["k=2", "lr=1e-3", "overlong=false", "lora_target_modules=[q_proj, v_proj]"])
+    cfg = load_train_config(str(f), ["k=2", "lr=1e-3", "overlong=false", "lora_target_modules=[q_proj, v_proj]"])
     assert (cfg.k, cfg.lr, cfg.overlong, cfg.lora_target_modules) == (2, 1e-3, False, ["q_proj", "v_proj"])
     assert parse_overrides(["wandb_group=null"]) == {"wandb_group": None}
 
@@ -92,21 +92,21 @@ def test_overrides_are_yaml_scalars(tmp_path):
 ])
 def test_bad_config_names_the_problem(overrides, message):
     with pytest.raises(BfspoError, match=re.escape(message)):
-        load_config(None, overrides)
+        load_train_config(None, overrides)
 
 
 def test_missing_config_file():
     with pytest.raises(BfspoError, match="no such config file"):
-        load_config("/nonexistent.yaml", [])
+        load_train_config("/nonexistent.yaml", [])
 
 
 def test_a_yaml_syntax_error_in_the_config_file_is_named(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("model: m\ntrain_data: [d\n")
     with pytest.raises(BfspoError, match="c.yaml: not a valid YAML file"):
-        load_config(str(f), [])
+        load_train_config(str(f), [])
 
 
 @pytest.mark.parametrize("value, modules", [("q_proj", ["q_proj"]), ("q_proj,v_proj", ["q_proj", "v_proj"])])
 def test_one_lora_target_module_is_a_module_not_its_letters(value, modules):
-    assert load_config(None, ["model=m", "train_data=d", f"lora_target_modules={value}"]).lora_target_modules == modules
+    assert load_train_config(None, ["model=m", "train_data=d", f"lora_target_modules={value}"]).lora_target_modules == modules

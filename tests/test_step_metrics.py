@@ -18,19 +18,20 @@ def test_a_step_without_update_still_has_every_train_key():
 
 
 def test_every_key_has_a_section():
-    assert all(v.split("/")[0] in {"rollout", "tree", "advantage", "train", "timing"}
+    assert all(v.split("/")[0] in {"rollout", "tree", "advantage", "train", "timing", "val-core"}
                for v in step_metrics.SECTIONS.values())
     with pytest.raises(BfspoError, match="without a section.*mystery"):
         step_metrics.step_row(1, {"mystery": 1.0})
 
 
-def test_ranks_are_summed_maxed_or_averaged_ignoring_nan():
-    merged = step_metrics.merge_ranks([{"chains": 4, "len_max": 9, "accuracy": 0.5, "adv_mean": float("nan")},
-                                       {"chains": 6, "len_max": 7, "accuracy": 1.0, "adv_mean": 0.2}])
-    assert merged == {"chains": 10.0, "len_max": 9, "accuracy": 0.75, "adv_mean": 0.2}
+def test_ranks_are_summed_maxed_minned_or_averaged_ignoring_nan():
+    merged = step_metrics.reduce_ranks([
+        {"chains": 4, "len_max": 9, "len_min": 3, "accuracy": 0.5, "adv_mean": float("nan"), "adv_min": float("nan")},
+        {"chains": 6, "len_max": 7, "len_min": 5, "accuracy": 1.0, "adv_mean": 0.2, "adv_min": -0.7}])
+    assert merged == {"chains": 10.0, "len_max": 9, "len_min": 3, "accuracy": 0.75, "adv_mean": 0.2, "adv_min": -0.7}
 
 
-def test_tree_stats_of_figure1():
+def test_rollout_stats_of_figure1():
     from bfspo.algorithm.advantages import assign_advantages, assign_rewards
     from bfspo.algorithm.search import build_trees
     from tests.test_search import Q, ScriptedEngine, correct, figure1_script
@@ -38,13 +39,36 @@ def test_tree_stats_of_figure1():
     (tree,) = build_trees(ScriptedEngine(figure1_script()), [Q], [correct], group_size=4, k=1, budget=16, seed=5)
     assign_rewards(tree, overlong=True)
     assign_advantages(tree, "branch")
-    stats = step_metrics.tree_stats([tree])
+    stats = step_metrics.rollout_stats([tree], [tree])
     adv = step_metrics.token_advantages(tree)
     assert len(adv) == tree.n_tokens
     assert stats["adv_zero_frac"] == pytest.approx(sum(a == 0 for a in adv) / len(adv))
+    assert (stats["adv_min"], stats["adv_max"]) == (min(adv), max(adv)) and stats["adv_min"] < 0 < stats["adv_max"]
+    # the first samples are 4, 4, 6 and 5 tokens long (Fig. 1 (a)), all finished, none penalised
+    assert (stats["len_min"], stats["len_max"], stats["len_finished_mean"]) == (4, 6, 4.75)
+    assert stats["overlong_mean"] == 0.0 and stats["accuracy"] == 0.5 and stats["backtracks"] == 1
     assert stats["branching_nodes"] == 2  # the root (4 first samples) and the backtracking point (4 expansions)
     assert stats["tied_branching_nodes"] == 0 and stats["cutoff_frac"] == 0.0 and stats["accuracy_std"] == 0.5
     assert stats["tree_depth_mean"] == max(tree.segments[i].end for i in tree.leaves())
+
+
+def test_length_reward_and_finished_lengths_of_first_samples():
+    """Four first samples of 10, 14, 20 (cut off at the budget) and 8 tokens, budget 20 (paper window:
+    Eq. 3's penalty is 0 up to 12 tokens, then -1/4 per token down to -1 at 16): R_l = 0, -0.5, -1, 0."""
+    from bfspo.algorithm.advantages import assign_advantages, assign_rewards
+    from bfspo.algorithm.tree import SearchTree
+
+    tree = SearchTree(prompt_ids=[1], budget=20)
+    for n, correct, finished in [(10, True, True), (14, True, True), (20, False, False), (8, False, True)]:
+        leaf = tree.add_completion(None, [5] * n, [-0.1] * n, [0.5] * n, finished=finished, iteration=0)
+        tree.segments[leaf].leaf.correct = correct
+    assign_rewards(tree, overlong=True, window="paper")
+    assign_advantages(tree, "branch")
+    stats = step_metrics.rollout_stats([tree], [])
+    assert stats["overlong_mean"] == pytest.approx(-0.375) and stats["overlong_frac"] == 0.5
+    assert stats["len_min"] == 8 and stats["len_finished_mean"] == pytest.approx(32 / 3)
+    assert stats["cutoff_frac"] == 0.25 and stats["reward_mean"] == pytest.approx((1 + 0.5 - 2 - 1) / 4)
+    assert math.isnan(stats["adv_mean"]) and math.isnan(stats["adv_max"])  # no tree trained on
 
 
 def test_sample_table_renders_the_first_trees_as_bfspo_tree_show_does():

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import yaml
 
+from bfspo.algorithm.advantages import KINDS
+from bfspo.algorithm.rewards import WINDOWS
+from bfspo.algorithm.search import SELECTIONS
 from bfspo.errors import BfspoError
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -140,9 +143,9 @@ class TrainConfig:
         modules = self.lora_target_modules
         if not isinstance(modules, list) or not modules or not all(isinstance(m, str) and m for m in modules):
             raise BfspoError(f"config: lora_target_modules must be a non-empty list of module names, got {modules!r}")
-        choices = {"selection": ("bfs", "entropy"), "advantage": ("branch", "global"),
+        choices = {"selection": SELECTIONS, "advantage": KINDS, "overlong_window": WINDOWS,
                    "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled"),
-                   "batch_unit": ("chains", "prompts"), "overlong_window": ("paper", "dapo")}
+                   "batch_unit": ("chains", "prompts")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise BfspoError(f"config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -166,6 +169,11 @@ class TrainConfig:
         if self.max_gen_rounds > 64:
             raise BfspoError(f"config: max_gen_rounds must be at most 64 (the rollout seeds leave room for 64 "
                              f"rounds per step), got {self.max_gen_rounds}")
+
+    @property
+    def chains_per_question(self) -> int:
+        """G (K + 1): the complete chains of a fully expanded tree (a DAPO group when K = 0)."""
+        return self.group_size * (self.k + 1)
 
     @property
     def chains_per_unit(self) -> int:
@@ -226,7 +234,7 @@ def parse_overrides(pairs: list[str]) -> dict:
     return out
 
 
-def load_config(path: str | None, overrides: list[str]) -> TrainConfig:
+def load_train_config(path: str | None, overrides: list[str]) -> TrainConfig:
     """A TrainConfig from an optional YAML file plus key=value overrides; unknown keys are errors."""
     values: dict = {}
     if path is not None:

@@ -1,15 +1,22 @@
-"""The row one training step logs, in sections as TRL and verl name them.
+"""The row one training step logs, in sections as TRL and verl name them, and the one place its
+rollout statistics are computed (`rollout_stats`).
 
 One row goes both to metrics.jsonl and to W&B, with the same keys:
 
-- `rollout/`: reward, accuracy and length of the first samples (with their spread), the fraction
-  cut off at the budget, entropy, dynamic-sampling counts and token counts;
+- `rollout/`: reward, accuracy and length of the first samples (Alg. 1 line 2; the G answers DAPO
+  would also sample), with their spread, the shortest, the mean length of the finished ones (ended
+  with EOS), the fraction cut off at the budget, the length reward R_l (Eq. 3) as its own term,
+  entropy, dynamic-sampling counts (and the fraction of groups filtered out) and token counts;
 - `tree/`: depth, backtracks and their depth, branching nodes and the tied ones (children with
   equal branch advantages: no signal at that node);
-- `advantage/`: mean, std and fraction zero of the kept trees' token advantages;
+- `advantage/`: mean, std, min, max and fraction zero of the token advantages trained on;
 - `train/`: loss, grad_norm, lr, clip fractions, ratio, approx_kl, optimizer steps and skipped
-  steps, present at every step (NaN when the step made no update);
-- `timing/`: seconds of the rollout, the old log-probs and the update; tokens/s; peak memory.
+  steps, present at every step (NaN when the step made no update); the questions and tokens
+  generated since the run began, and the epoch (questions over the training set);
+- `timing/`: seconds of the whole step and of its rollout, old log-probs, update and validation;
+  tokens/s; peak memory;
+- `val-core/`: greedy accuracy and length on the held-out questions (`val_every`; verl's names),
+  on the steps that run validation.
 """
 
 from __future__ import annotations
@@ -18,7 +25,6 @@ import math
 
 import numpy as np
 
-from bfspo.algorithm.advantages import keep_tree
 from bfspo.errors import BfspoError
 
 # flat statistic -> sectioned key
@@ -26,11 +32,13 @@ SECTIONS = {
     "reward_mean": "rollout/reward_mean", "reward_std": "rollout/reward_std",
     "accuracy": "rollout/accuracy", "accuracy_std": "rollout/accuracy_std",
     "len_mean": "rollout/len_mean", "len_std": "rollout/len_std", "len_max": "rollout/len_max",
-    "cutoff_frac": "rollout/cutoff_frac",
+    "len_min": "rollout/len_min", "len_finished_mean": "rollout/len_finished_mean",
+    "cutoff_frac": "rollout/cutoff_frac", "overlong_mean": "rollout/overlong_mean",
+    "overlong_frac": "rollout/overlong_frac",
     "accuracy_all_leaves": "rollout/accuracy_all_leaves", "len_mean_all_leaves": "rollout/len_mean_all_leaves",
     "best_len_mean": "rollout/best_len_mean", "entropy_mean": "rollout/entropy_mean",
     "entropy_max": "rollout/entropy_max", "groups_kept": "rollout/groups_kept",
-    "groups_filtered": "rollout/groups_filtered", "gen_rounds": "rollout/gen_rounds", "chains": "rollout/chains",
+    "groups_filtered": "rollout/groups_filtered", "filtered_frac": "rollout/filtered_frac", "gen_rounds": "rollout/gen_rounds", "chains": "rollout/chains",
     "questions_generated": "rollout/questions_generated", "questions_kept": "rollout/questions_kept",
     "trees": "rollout/trees", "chains_target": "rollout/chains_target", "batch_full": "rollout/batch_full",
     "tokens_unique": "rollout/tokens_unique", "tokens_total": "rollout/tokens_total",
@@ -38,23 +46,28 @@ SECTIONS = {
     "tree_depth_max": "tree/depth_max", "tree_depth_mean": "tree/depth_mean", "backtracks": "tree/backtracks",
     "backtrack_depth_mean": "tree/backtrack_depth_mean", "branching_nodes": "tree/branching_nodes",
     "tied_branching_nodes": "tree/tied_branching_nodes",
-    "adv_mean": "advantage/mean", "adv_std": "advantage/std", "adv_zero_frac": "advantage/zero_frac",
+    "adv_mean": "advantage/mean", "adv_std": "advantage/std", "adv_min": "advantage/min", "adv_max": "advantage/max",
+    "adv_zero_frac": "advantage/zero_frac",
     "loss": "train/loss", "grad_norm": "train/grad_norm", "lr": "train/lr", "clip_frac": "train/clip_frac",
     "clip_frac_low": "train/clip_frac_low", "clip_frac_high": "train/clip_frac_high",
     "ratio_mean": "train/ratio_mean", "ratio_max": "train/ratio_max", "approx_kl": "train/approx_kl",
     "optimizer_steps": "train/optimizer_steps", "skipped_steps": "train/skipped_steps",
-    "nonfinite": "train/nonfinite_total",
-    "rollout_s": "timing/rollout_s", "old_logprobs_s": "timing/old_logprobs_s", "update_s": "timing/update_s",
+    "nonfinite": "train/nonfinite_total", "questions_seen": "train/questions_seen",
+    "tokens_seen": "train/tokens_seen", "epoch": "train/epoch",
+    "step_s": "timing/step_s", "val_s": "timing/val_s", "rollout_s": "timing/rollout_s", "old_logprobs_s": "timing/old_logprobs_s", "update_s": "timing/update_s",
     "rollout_tok_s": "timing/rollout_tok_s", "train_tok_s": "timing/train_tok_s", "peak_mem_gb": "timing/peak_mem_gb",
+    "val_accuracy": "val-core/accuracy", "val_len_mean": "val-core/len_mean",
+    "val_cutoff_frac": "val-core/cutoff_frac", "val_questions": "val-core/questions",
 }
 # `train/` statistics every row carries: NaN on a step without an update, no optimizer step skipped
 TRAIN_DEFAULTS = {k: float("nan") for k in ("loss", "grad_norm", "clip_frac", "clip_frac_low", "clip_frac_high",
                                             "ratio_mean", "ratio_max", "approx_kl", "old_logprobs_s")}
 TRAIN_DEFAULTS |= {"optimizer_steps": 0, "skipped_steps": 0}
-# statistics summed over ranks, and those whose maximum is kept; the others are averaged
+# statistics summed over ranks, and those whose maximum or minimum is kept; the others are averaged
 SUMMED = frozenset({"groups_kept", "groups_filtered", "chains", "tokens_unique", "tokens_total", "rollout_tokens",
                     "backtracks", "branching_nodes", "tied_branching_nodes"})
-MAXED = frozenset({"len_max", "tree_depth_max", "gen_rounds", "entropy_max"})
+MAXED = frozenset({"len_max", "tree_depth_max", "gen_rounds", "entropy_max", "adv_max"})
+MINNED = frozenset({"len_min", "adv_min"})
 
 
 def _mean(xs) -> float:
@@ -65,22 +78,48 @@ def _std(xs) -> float:
     return float(np.std(xs)) if len(xs) else float("nan")
 
 
-def tree_stats(trees: list) -> dict:
-    """Spread, cut-off fraction, tree shape and advantage statistics of one rank's generated trees."""
-    first = [t.segments[i].leaf for t in trees for i in t.leaves() if t.segments[i].iteration == 0]
+def rollout_stats(generated: list, batch: list) -> dict:
+    """One rank's statistics of a step's trees: the first samples (Alg. 1 line 2) and the tree
+    shapes of every generated tree (before dynamic sampling), the advantages of the `batch` trees
+    it trains on (after rewards and advantages are assigned)."""
+    first = [t.segments[i].leaf for t in generated for i in t.leaves() if t.segments[i].iteration == 0]
+    leaves = [t.segments[i].leaf for t in generated for i in t.leaves()]
+    entropies = [h for t in generated for s in t.segments for h in s.entropy_after if not math.isnan(h)]
+    backtracks = [b["depth"] for t in generated for b in t.backtracking]
+    best = [min((t.segments[i].leaf.length for i in t.leaves() if t.segments[i].leaf.correct), default=None)
+            for t in generated]
     branching = [[t.segments[c].advantage for c in t.children_of(s)]
-                 for t in trees for s in [None, *range(len(t.segments))] if len(t.children_of(s)) > 1]
-    adv = [a for t in trees if keep_tree(t) for a in token_advantages(t)]
+                 for t in generated for s in [None, *range(len(t.segments))] if len(t.children_of(s)) > 1]
+    overlong = [leaf.reward - (1.0 if leaf.correct else -1.0) for leaf in first]  # R_l of Eq. 4
+    adv = [a for t in batch for a in token_advantages(t)]
     return {
+        "reward_mean": _mean([leaf.reward for leaf in first]),
         "reward_std": _std([leaf.reward for leaf in first]),
+        "accuracy": _mean([leaf.correct for leaf in first]),
         "accuracy_std": _std([leaf.correct for leaf in first]),
+        "len_mean": _mean([leaf.length for leaf in first]),
         "len_std": _std([leaf.length for leaf in first]),
+        "len_max": max((leaf.length for leaf in first), default=0),
+        "len_min": min((leaf.length for leaf in first), default=0),
+        "len_finished_mean": _mean([leaf.length for leaf in first if leaf.finished]),
         "cutoff_frac": _mean([not leaf.finished for leaf in first]),
-        "tree_depth_mean": _mean([max(t.segments[i].end for i in t.leaves()) for t in trees if t.leaves()]),
+        "overlong_mean": _mean(overlong),
+        "overlong_frac": _mean([r < 0 for r in overlong]),
+        "accuracy_all_leaves": _mean([leaf.correct for leaf in leaves]),
+        "len_mean_all_leaves": _mean([leaf.length for leaf in leaves]),
+        "best_len_mean": _mean([b for b in best if b is not None]),
+        "entropy_mean": _mean(entropies),
+        "entropy_max": max(entropies, default=float("nan")),
+        "tree_depth_max": max((leaf.length for leaf in leaves), default=0),
+        "tree_depth_mean": _mean([max(t.segments[i].end for i in t.leaves()) for t in generated if t.leaves()]),
+        "backtrack_depth_mean": _mean(backtracks),
+        "backtracks": len(backtracks),
         "branching_nodes": len(branching),
         "tied_branching_nodes": sum(len(set(a)) == 1 for a in branching),
         "adv_mean": _mean(adv),
         "adv_std": _std(adv),
+        "adv_min": min(adv, default=float("nan")),
+        "adv_max": max(adv, default=float("nan")),
         "adv_zero_frac": _mean([a == 0 for a in adv]),
     }
 
@@ -93,18 +132,21 @@ def token_advantages(tree) -> list[float]:
     return [s.advantage for s in tree.segments if s.advantage is not None for _ in s.token_ids]
 
 
-def merge_ranks(per_rank: list[dict]) -> dict:
-    """One rank-independent dict of statistics from each rank's."""
+def reduce_ranks(per_rank: list[dict]) -> dict:
+    """One rank-independent dict of statistics from each rank's: SUMMED summed, MAXED and MINNED
+    the largest and smallest, the others averaged over the ranks where they are not NaN."""
     out = {}
     for key in per_rank[0]:
         vals = [r[key] for r in per_rank]
+        finite = [v for v in vals if not (isinstance(v, float) and math.isnan(v))]
         if key in SUMMED:
             out[key] = float(sum(vals))
-        elif key in MAXED:
-            out[key] = max(vals)
+        elif not finite:
+            out[key] = float("nan")
+        elif key in MAXED or key in MINNED:
+            out[key] = max(finite) if key in MAXED else min(finite)
         else:
-            finite = [v for v in vals if not (isinstance(v, float) and math.isnan(v))]
-            out[key] = float(np.mean(finite)) if finite else float("nan")
+            out[key] = float(np.mean(finite))
     return out
 
 

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from bfspo import runlock
 from bfspo.training import batching, checkpoint, dist, step_metrics
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
-from bfspo.training.config import OBSERVATION_FIELDS, TrainConfig, load_config
+from bfspo.training.config import OBSERVATION_FIELDS, TrainConfig, load_train_config
 from bfspo.training.samples import sample_table
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text, read_json, read_jsonl, write_json
@@ -77,32 +77,6 @@ def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None) -> li
     if not questions:
         raise BfspoError(f"{cfg.train_data}: no training questions")
     return questions
-
-
-def rollout_stats(trees: list) -> dict:
-    """Statistics of one step's rollouts (all generated trees, before filtering)."""
-    first = [t.segments[i].leaf for t in trees for i in t.leaves() if t.segments[i].iteration == 0]
-    leaves = [t.segments[i].leaf for t in trees for i in t.leaves()]
-    entropies = [h for t in trees for s in t.segments for h in s.entropy_after if not math.isnan(h)]
-    backtracks = [b["depth"] for t in trees for b in t.backtracking]
-    best = [min((t.segments[i].leaf.length for i in t.leaves() if t.segments[i].leaf.correct), default=None)
-            for t in trees]
-    best = [b for b in best if b is not None]
-    mean = lambda xs: float(np.mean(xs)) if len(xs) else float("nan")  # noqa: E731
-    return {
-        "reward_mean": mean([leaf.reward for leaf in first]),
-        "accuracy": mean([leaf.correct for leaf in first]),
-        "len_mean": mean([leaf.length for leaf in first]),
-        "len_max": max((leaf.length for leaf in first), default=0),
-        "accuracy_all_leaves": mean([leaf.correct for leaf in leaves]),
-        "len_mean_all_leaves": mean([leaf.length for leaf in leaves]),
-        "best_len_mean": mean(best),
-        "tree_depth_max": max((leaf.length for leaf in leaves), default=0),
-        "backtrack_depth_mean": mean(backtracks),
-        "backtracks": len(backtracks),
-        "entropy_mean": mean(entropies),
-        "entropy_max": max(entropies, default=float("nan")),
-    }
 
 
 def peak_memory_gb() -> float:
@@ -221,11 +195,11 @@ class Trainer:
                 assign_advantages(tree, cfg.advantage)
             return trees
 
-        filled = batching.fill(generate, keep_tree, target, cfg.group_size * (cfg.k + 1), cfg.oversample,
+        filled = batching.fill(generate, keep_tree, target, cfg.chains_per_question, cfg.oversample,
                                cfg.max_gen_rounds)
         batch = batching.select(filled.kept, target)
         mine = batching.batch_stats(filled, batch, target)
-        stats = rollout_stats(filled.generated)
+        stats = step_metrics.rollout_stats(filled.generated, batch)
         # log_step sums chains and the group counts over ranks and averages the rest: the other
         # batch statistics are the global ones, the same on every rank.
         stats.update(batching.merge_ranks(dist.gather(mine)), chains=mine["chains"], groups_kept=len(filled.kept),
@@ -379,8 +353,7 @@ class Trainer:
         """
         from bfspo import tracking
 
-        ranks = dist.gather(roll | step_metrics.tree_stats(generated))
-        stats = step_metrics.merge_ranks(ranks) | upd
+        stats = step_metrics.reduce_ranks(dist.gather(roll)) | upd
         old_s = upd.get("old_logprobs_s", 0.0)
         stats.update(lr=self.optimizer.param_groups[0]["lr"], rollout_s=t_roll, update_s=t_train - old_s,
                      rollout_tok_s=stats["rollout_tokens"] / max(t_roll, 1e-9),
@@ -456,7 +429,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set)
+    cfg = load_train_config(args.config, args.set)
     run_dir = Path(args.output_dir)
     rank, _ = dist.setup()
     with runlock.hold(run_dir, "train") if rank == 0 else contextlib.nullcontext():
