@@ -1,33 +1,53 @@
-"""Weights & Biases logging, offline by default (no account needed; `wandb sync` uploads later).
+"""Weights & Biases logging, offline by default (no account needed; `bfspo sync` uploads later).
 
 The WANDB_MODE environment variable wins over the config (tests set it to "disabled"). A run's id
-is kept in its directory, so a resumed training run continues the same W&B run.
+is kept in its directory, so a resumed training run continues the same W&B run: each attempt
+writes one more fragment, `wandb/offline-run-<time>-<id>`, and `wandb sync` uploads a run's
+fragments in the order they started, into one run.
+
+A training run sends each step's row as the step ends, stamped with its own time. A step is sent
+once: an attempt resumed from its last checkpoint redoes the steps after it, and sends only those
+beyond the last step that the earlier fragments hold (`last_logged_step`, read back from their
+files with wandb's own reader). W&B's history is append-only, and a live resumed run drops a step
+it already holds anyway; so W&B keeps the first attempt's rows of the redone steps, and
+metrics.jsonl the redone ones (on CPU they are equal; on GPU they differ as two runs of one seed
+do). A killed attempt loses the tail of its file that wandb had not yet written (it writes in
+blocks of 32 KiB): those steps are missing from its fragment, so the next attempt sends them.
 
 Every run is tagged with the workflow's names (`run_tags`): `table:<name>` for each table it appears
-in, `method:<key>`, `model:<label>` and `seed:<n>`, so a filter on a table's tag shows that table's
-runs whatever W&B group they sit in.
+in, `method:<key>`, `model:<label>` and `seed:<n>`, plus the config's own `wandb.tags` (the
+rehearsal's `rehearsal`), so a filter on a table's tag shows that table's runs whatever W&B group
+they sit in.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
+from bfspo.errors import BfspoError
+
 
 def run_tags(names: dict) -> list[str]:
-    """W&B tags from the workflow's names: tables (a list), method_key, model_label and seed, where set."""
+    """W&B tags from the workflow's names: tables (a list), method_key, model_label and seed, where
+    set, then the config's own `wandb_tags`."""
     tags = [f"table:{t}" for t in names.get("tables") or []]
     tags += [f"{tag}:{names[key]}" for key, tag in (("method_key", "method"), ("model_label", "model"), ("seed", "seed"))
              if names.get(key) is not None]
-    return tags
+    return tags + list(names.get("wandb_tags") or [])
 
 
 def start(run_dir: Path, config: dict, *, project: str, group: str | None, job_type: str, name: str,
-          mode: str = "offline", enabled: bool = True, tags: list[str] | None = None):
+          mode: str = "offline", enabled: bool = True, tags: list[str] | None = None, footer: bool = True):
     """A wandb run writing under run_dir/wandb, or None when disabled (or on a non-zero rank).
 
     Its tags are `tags`, or else `run_tags(config)` (a training config carries the workflow's names).
+    `footer=False` leaves out wandb's closing panel (the first ten keys in alphabetical order),
+    for runs that print their own summary (`finish(run, summary)`).
     """
     mode = os.environ.get("WANDB_MODE", mode)
     if not enabled or mode == "disabled":
@@ -38,9 +58,10 @@ def start(run_dir: Path, config: dict, *, project: str, group: str | None, job_t
     id_file = run_dir / "wandb_id.txt"
     run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
     id_file.write_text(run_id + "\n")
+    settings = None if footer else wandb.Settings(max_end_of_run_history_metrics=0, max_end_of_run_summary_metrics=0)
     return wandb.init(project=project, group=group, job_type=job_type, name=name, config=config,
                       dir=str(run_dir), mode=mode, id=run_id, resume="allow", reinit="finish_previous",
-                      tags=run_tags(config) if tags is None else tags)
+                      tags=run_tags(config) if tags is None else tags, settings=settings)
 
 
 def log(run, row: dict, step: int | None = None) -> None:
@@ -55,6 +76,72 @@ def table(df):
     return wandb.Table(dataframe=df)
 
 
-def finish(run) -> None:
-    if run is not None:
-        run.finish()
+def finish(run, summary: dict | None = None) -> None:
+    """Close the run; first print `summary` (the keys that matter and their last values), one a line."""
+    if run is None:
+        return
+    if summary:
+        width = max(map(len, summary))
+        print("W&B run summary:\n" + "\n".join(f"  {k:<{width}}  {_short(v)}" for k, v in summary.items()), flush=True)
+    run.finish()
+
+
+def _short(value) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.5g}"
+    return str(value)
+
+
+# ---- reading runs back --------------------------------------------------------------------------
+
+
+def run_folders(wandb_dir: Path) -> list[Path]:
+    """The run folders (offline-run-* or run-*, one per attempt) directly under a wandb/ folder
+    that hold a transaction log (run-<id>.wandb), oldest first."""
+    if not wandb_dir.is_dir():
+        return []
+    found = [p for p in wandb_dir.iterdir()
+             if p.is_dir() and p.name.startswith(("offline-run-", "run-")) and any(p.glob("run-*.wandb"))]
+    return sorted(found, key=lambda p: (p.name.removeprefix("offline-").split("-")[1], p.name))
+
+
+def folder_run_id(folder: Path) -> str:
+    """The run id of a run folder, from its run-<id>.wandb file (a folder made in the same second
+    as another of the run gets a suffix after the id)."""
+    return next(folder.glob("run-*.wandb")).stem.removeprefix("run-")
+
+
+def read_run(folder: Path) -> dict:
+    """One run folder read back with wandb's own reader (what `wandb leet inspect --json` runs, called
+    without starting a Python): {"run": the run record, "history": [history items], "summary": the
+    merged summary updates}. The reader keeps what a killed attempt wrote before its unwritten tail."""
+    from wandb.util import get_core_path
+
+    (wandb_file,) = folder.glob("run-*.wandb")
+    command = [get_core_path(), "leet", "inspect", "--no-observability", "--json", "--run-file",
+               str(wandb_file.resolve()), str(folder.resolve().parent)]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        raise BfspoError(f"{wandb_file}: wandb cannot read it back ({(e.stderr or '').strip() or e})") from None
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    summary: dict = {}
+    for r in records:
+        if r["type"] == "summary":
+            summary |= r["summary"].get("update", {})
+    run = next((r["run"] for r in records if r["type"] == "run"), None)
+    if run is None:
+        raise BfspoError(f"{wandb_file}: no run record (not a W&B run file)")
+    return {"run": run, "history": [r["history"]["item"] for r in records if r["type"] == "history"],
+            "summary": summary}
+
+
+def last_logged_step(run) -> int:
+    """The last history step held by the earlier fragments of `run` (its other folders under the same
+    wandb/ folder with its id); 0 for none, or for no run."""
+    if run is None:
+        return 0
+    own = Path(run.settings.sync_dir).resolve()
+    steps = [item["_step"] for folder in run_folders(own.parent)
+             if folder.resolve() != own and folder_run_id(folder) == run.id for item in read_run(folder)["history"]]
+    return int(max(steps, default=0))

@@ -30,8 +30,7 @@ def test_disabled_mode_logs_nothing(tmp_path, monkeypatch):
 
 def test_runs_are_tagged_with_the_workflows_names(tmp_path, monkeypatch):
     from bfspo.reporting.sync import offline_runs
-    from tests.helpers.wandb_offline import read_offline_run
-
+    
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     names = {"tables": ["table2", "ablation"], "method_key": "bfspo", "model_label": "Qwen2.5-3B", "seed": 1, "k": 3}
@@ -40,7 +39,7 @@ def test_runs_are_tagged_with_the_workflows_names(tmp_path, monkeypatch):
     tracking.log(run, {"train/loss": 0.5}, step=1)
     tracking.finish(run)
     (offline,) = offline_runs(tmp_path)
-    record = read_offline_run(offline)
+    record = tracking.read_run(offline)
     assert record["run"]["tags"] == tracking.run_tags(names)
     assert record["run"]["config"]["update"]["tables"] == ["table2", "ablation"]
     assert [h["train/loss"] for h in record["history"]] == [0.5]

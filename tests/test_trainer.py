@@ -77,15 +77,17 @@ def test_dapo_is_k0_groups_of_g(tiny_model_dir, train_data, tmp_path):
 
 def test_resume_after_kill(tiny_model_dir, train_data, tmp_path):
     """Interrupted after step 3 (checkpoint at step 2), resumed: metrics.jsonl and the W&B run (read
-    back with wandb's reader, over every offline fragment of the run's id) hold each step exactly once.
+    back with wandb's reader, over every offline fragment of the run's id) hold each step exactly once:
+    the first fragment holds steps 1-3, sent as they ended, the second the steps after 3.
 
     SIGINT (Ctrl-C, or Slurm's signal before the kill) lets wandb close its file. A SIGKILL cannot:
-    wandb writes its offline file in 32 KiB blocks, so the killed fragment loses its unwritten tail."""
+    wandb writes its offline file in 32 KiB blocks, so the killed fragment loses its unwritten tail,
+    and the next attempt sends those steps (tests/test_wandb_resume.py)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from bfspo import tracking
     from bfspo.reporting.sync import offline_runs
-    from tests.helpers.wandb_offline import read_offline_run
 
     env = {**ENV, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     out = tmp_path / "resume"
@@ -108,7 +110,7 @@ def test_resume_after_kill(tiny_model_dir, train_data, tmp_path):
     assert steps == [1, 2, 3, 4, 5]
     resumed_from = re.search(r"resuming .* from step (\d+)", resumed.stdout)
     assert resumed_from and int(resumed_from.group(1)) == 2
-    fragments = [read_offline_run(p) for p in offline_runs(out)]
+    fragments = [tracking.read_run(p) for p in offline_runs(out)]
     assert len(fragments) == 2 and len({f["run"]["run_id"] for f in fragments}) == 1
     logged = [h["step"] for f in fragments for h in f["history"]]
     assert logged == [1, 2, 3, 4, 5]

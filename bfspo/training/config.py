@@ -28,7 +28,8 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # directory resumes under a command that changes them (e.g. the same run shown by another
 # config's table, which names another W&B group).
 OBSERVATION_FIELDS = frozenset({"threads", "save_every", "log_trees", "wandb_project", "wandb_group", "wandb_mode",
-                                "run_name", "method_key", "model_label", "tables"})
+                                "wandb_tags", "run_name", "method_key", "model_label", "tables", "val_every",
+                                "val_data", "val_benchmark", "val_questions"})
 
 
 # The float fields: what a valid value is (NaN fails every comparison, so it is refused too).
@@ -118,11 +119,27 @@ class TrainConfig:
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)."})
     seed: int = field(default=0, metadata={"help": "Seed of the data order, the rollouts and LoRA's initialisation."})
     save_every: int = field(default=10, metadata={"help": "Write a checkpoint every this many steps (and at the end)."})
-    log_trees: bool = field(default=True, metadata={"help": "Write every step's search trees to trees/step_NNNNN.jsonl."})
+    log_trees: int = field(default=8, metadata={
+        "help": "Search trees written per step to trees/step_NNNNN.jsonl, with their token text: the first N "
+                "generated (a random sample of questions, split over the ranks); -1 writes every tree (the toy: "
+                "the paired tables and the tree figures read them all), 0 none. docs/workflow.md sizes the logs."})
+
+    # --- validation -------------------------------------------------------------------------------
+    val_every: int = field(default=0, metadata={
+        "help": "Every N steps (and at the last), answer the held-out questions greedily and log their accuracy "
+                "and length (val-core/); 0 never. Validation does not change training."})
+    val_data: str | None = field(default=None, metadata={
+        "help": "Prepared JSONL of held-out questions for validation (e.g. a test split; the workflow takes the "
+                "train set's val_data)."})
+    val_benchmark: str | None = field(default=None, metadata={
+        "help": "Benchmark whose prompt and verifier apply to val_data (default: benchmark)."})
+    val_questions: int = field(default=64, metadata={"help": "Validate on the first N questions of val_data."})
 
     # --- Weights & Biases -------------------------------------------------------------------------
     wandb_project: str = field(default="bfspo", metadata={"help": "W&B project."})
     wandb_group: str | None = field(default=None, metadata={"help": "W&B group (one per table or sweep)."})
+    wandb_tags: list[str] = field(default_factory=list, metadata={
+        "help": "W&B tags added to the workflow's (config `wandb.tags`; the rehearsal's runs carry `rehearsal`)."})
     wandb_mode: str = field(default="offline", metadata={
         "help": "W&B mode: offline (default, no account; `wandb sync` later), online or disabled. "
                 "The WANDB_MODE environment variable wins."})
@@ -150,17 +167,25 @@ class TrainConfig:
             if getattr(self, name) not in allowed:
                 raise BfspoError(f"config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
         positive = ["group_size", "budget", "steps", "train_batch", "mini_batch", "max_gen_rounds",
-                    "max_empty_steps", "lora_r", "lora_alpha", "rollout_batch_size", "tensor_parallel_size", "save_every"]
+                    "max_empty_steps", "lora_r", "lora_alpha", "rollout_batch_size", "tensor_parallel_size", "save_every",
+                    "val_questions"]
         for name in positive:
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise BfspoError(f"config: {name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("k", "limit", "threads", "seed", "max_nonfinite"):
+        for name in ("k", "limit", "threads", "seed", "max_nonfinite", "val_every"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise BfspoError(f"config: {name} must be an integer >= 0, got {getattr(self, name)!r}")
         for name, (ok, bounds) in _NUMBER_BOUNDS.items():
             value = getattr(self, name)
             if not _is_number(value) or not ok(value):
                 raise BfspoError(f"config: {name} must be a number {bounds}, got {value!r}")
+        if isinstance(self.log_trees, bool) or not _is_int(self.log_trees) or self.log_trees < -1:
+            raise BfspoError(f"config: log_trees must be a number of trees per step, -1 for all of them (was true) or "
+                             f"0 for none (was false), got {self.log_trees!r}")
+        if self.val_every and not self.val_data:
+            raise BfspoError(f"config: val_every is {self.val_every} but no val_data names the held-out questions")
+        if not isinstance(self.wandb_tags, list) or not all(isinstance(t, str) and t for t in self.wandb_tags):
+            raise BfspoError(f"config: wandb_tags must be a list of non-empty strings, got {self.wandb_tags!r}")
         if self.budget < 5:
             raise BfspoError(f"config: budget must be at least 5 tokens (L_cache = budget/5), got {self.budget}")
         if self.train_batch % self.mini_batch:

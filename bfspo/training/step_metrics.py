@@ -158,3 +158,19 @@ def step_row(step: int, stats: dict) -> dict:
         raise BfspoError(f"step {step}: statistics without a section in bfspo.training.step_metrics: "
                          f"{', '.join(unknown)}")
     return {"step": step} | {SECTIONS[k]: v for k, v in flat.items()}
+
+
+# what a training run's closing summary shows (tracking.finish), and its per-step line
+SUMMARY_KEYS = ["train/loss", "rollout/reward_mean", "rollout/accuracy", "rollout/len_mean", "val-core/accuracy",
+                "val-core/len_mean", "train/grad_norm", "train/epoch", "timing/step_s"]
+
+
+def step_line(row: dict, steps: int) -> str:
+    """One readable line of a step's row: loss, reward, accuracy and length of the first samples,
+    the validation numbers when the step ran validation, and the step's time."""
+    parts = [f"step {row['step']}/{steps}", f"loss {row['train/loss']:.4g}", f"reward {row['rollout/reward_mean']:+.3f}",
+             f"acc {row['rollout/accuracy']:.3f}", f"len {row['rollout/len_mean']:.1f}"]
+    if "val-core/accuracy" in row:
+        parts.append(f"val acc {row['val-core/accuracy']:.3f} len {row['val-core/len_mean']:.1f}")
+    parts.append(f"{row['timing/step_s']:.1f} s")
+    return " | ".join(parts)

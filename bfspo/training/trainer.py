@@ -32,10 +32,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
-from bfspo import runlock
-from bfspo.training import batching, checkpoint, dist, step_metrics
+from bfspo import console, runlock
+from bfspo.training import batching, checkpoint, dist, step_metrics, validation
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
 from bfspo.training.config import OBSERVATION_FIELDS, TrainConfig, load_train_config
 from bfspo.training.samples import sample_table
@@ -54,28 +53,31 @@ class Question:
     gold: str
 
 
-def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None) -> list[Question]:
-    """Tokenised prompts of the training set (its first `cfg.limit`, if set); an empty set or a prompt
-    with no room for the budget is an error."""
+def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None, split: str = "train") -> list[Question]:
+    """Tokenised prompts of the training set (its first `cfg.limit`, if set), or with split "val" of
+    the held-out set (its first `cfg.val_questions`); an empty set or a prompt with no room for the
+    budget is an error."""
     from bfspo.tasks.benchmarks import get_benchmark
     from bfspo.tasks.prompts import prompt_ids
 
-    get_benchmark(cfg.benchmark)
+    path, benchmark, limit = ((cfg.train_data, cfg.benchmark, cfg.limit) if split == "train"
+                              else (cfg.val_data, cfg.val_benchmark or cfg.benchmark, cfg.val_questions))
+    get_benchmark(benchmark)
     questions = []
-    for lineno, row in read_jsonl(cfg.train_data):
-        if cfg.limit and len(questions) == cfg.limit:
+    for lineno, row in read_jsonl(path):
+        if limit and len(questions) == limit:
             break
         missing = [k for k in ("id", "question", "answer")
                    if not isinstance(row.get(k), (str, int)) or isinstance(row[k], bool) or str(row[k]).strip() == ""]
         if missing:
-            raise BfspoError(f"{cfg.train_data}:{lineno}: missing or empty field(s) {', '.join(missing)}")
-        ids = prompt_ids(tokenizer, cfg.benchmark, row["question"])
+            raise BfspoError(f"{path}:{lineno}: missing or empty field(s) {', '.join(missing)}")
+        ids = prompt_ids(tokenizer, benchmark, row["question"])
         if max_positions is not None and len(ids) + cfg.budget > max_positions:
-            raise BfspoError(f"{cfg.train_data}:{lineno}: the prompt ({len(ids)} tokens) plus the budget "
+            raise BfspoError(f"{path}:{lineno}: the prompt ({len(ids)} tokens) plus the budget "
                              f"({cfg.budget}) exceed the model's {max_positions} positions")
         questions.append(Question(str(row["id"]), ids, str(row["answer"])))
     if not questions:
-        raise BfspoError(f"{cfg.train_data}: no training questions")
+        raise BfspoError(f"{path}: no {'training' if split == 'train' else 'validation'} questions")
     return questions
 
 
@@ -104,8 +106,8 @@ def read_metrics(path: Path) -> list[tuple[int, dict]]:
                          "writer or by hand. Repair or delete that line (rows after the last checkpoint are "
                          "dropped on resume anyway), or start the run over in a new directory")
     if torn is not None:
-        tqdm.write(f"{path}:{torn['line']}: dropped a torn last line ({torn['problem']}), "
-                   "left by an interrupted run")
+        console.line(f"{path}:{torn['line']}: dropped a torn last line ({torn['problem']}), "
+                     "left by an interrupted run")
     return rows
 
 
@@ -141,7 +143,9 @@ class Trainer:
             raise BfspoError(f"LoRA: {e}") from None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.questions = load_questions(cfg, self.tokenizer, getattr(base.config, "max_position_embeddings", None))
+        max_positions = getattr(base.config, "max_position_embeddings", None)
+        self.questions = load_questions(cfg, self.tokenizer, max_positions)
+        self.val_questions = load_questions(cfg, self.tokenizer, max_positions, "val") if cfg.val_every else []
         if cfg.engine == "vllm":  # vLLM has top-k log-probs only: entropies come from the training side
             from bfspo.rollout.rescore import RescoredEngine
 
@@ -151,9 +155,9 @@ class Trainer:
                 max_model_len=getattr(base.config, "max_position_embeddings", None)), self.model)
         else:
             self.engine = make_engine("transformers", self.model, self.tokenizer, batch_size=cfg.rollout_batch_size)
-        self.step, self.nonfinite, self.empty_steps = 0, 0, 0
+        self.step, self.nonfinite, self.empty_steps, self.tokens_seen = 0, 0, 0, 0
         self.cursors = [0] * self.world  # position of each rank in its share of the data order
-        self.wandb_pending: list[dict] = []  # rows logged since the last checkpoint, sent to W&B with it
+        self.wandb_logged = 0  # the last step an earlier attempt sent to the W&B run (tracking.last_logged_step)
 
     # --- data -----------------------------------------------------------------------------------
 
@@ -243,7 +247,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.nonfinite += 1
                 skipped += 1
-                tqdm.write(f"step {self.step}: non-finite loss or gradient skipped ({self.nonfinite} so far)")
+                console.line(f"step {self.step}: non-finite loss or gradient skipped ({self.nonfinite} so far)")
                 if self.nonfinite > cfg.max_nonfinite:
                     raise BfspoError(f"step {self.step}: {self.nonfinite} non-finite losses or gradients, more "
                                      f"than max_nonfinite={cfg.max_nonfinite}; stopping")
@@ -267,7 +271,7 @@ class Trainer:
 
     def state(self) -> dict:
         return {"step": self.step, "nonfinite": self.nonfinite, "empty_steps": self.empty_steps,
-                "cursors": dist.gather(self.cursors[self.rank])}
+                "tokens_seen": self.tokens_seen, "cursors": dist.gather(self.cursors[self.rank])}
 
     def restore(self) -> None:
         """Load the last checkpoint, if any, and trim metrics.jsonl to the steps it covers."""
@@ -277,9 +281,10 @@ class Trainer:
             if len(state["cursors"]) != self.world:
                 raise BfspoError(f"{ckpt}: saved with {len(state['cursors'])} ranks, resumed with {self.world}")
             self.step, self.nonfinite, self.empty_steps = state["step"], state["nonfinite"], state["empty_steps"]
+            self.tokens_seen = state.get("tokens_seen", 0)  # absent from checkpoints written before it was counted
             self.cursors = list(state["cursors"])
             self.engine.sync_weights(self.model)  # an engine holding its own weights (vLLM) samples the restored policy
-            tqdm.write(f"resuming {self.run_dir} from step {self.step}")
+            console.line(f"resuming {self.run_dir} from step {self.step}")
         metrics = self.run_dir / "metrics.jsonl"
         if self.rank == 0 and metrics.exists():  # drop rows logged after the checkpoint, and a torn last line
             rows = [r for _, r in read_metrics(metrics)]
@@ -301,9 +306,14 @@ class Trainer:
         self.restore()
         run = tracking.start(self.run_dir, cfg.to_dict(), project=cfg.wandb_project, group=cfg.wandb_group,
                              job_type="train", name=cfg.run_name or self.run_dir.name, mode=cfg.wandb_mode,
-                             enabled=self.rank == 0)
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
-                   disable=self.rank != 0)
+                             enabled=self.rank == 0, footer=False)
+        self.wandb_logged = tracking.last_logged_step(run)
+        if self.wandb_logged > self.step:
+            console.line(f"W&B: the run holds steps {self.step + 1}-{self.wandb_logged} from the interrupted attempt; "
+                         "they are redone but not sent again (metrics.jsonl gets the redone rows)")
+        bar = console.bar(total=cfg.steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
+                          disable=self.rank != 0)
+        row = None
         terminated = []
 
         def on_sigterm(signum, frame):
@@ -327,56 +337,80 @@ class Trainer:
                 self.empty_steps = 0
                 upd = self.update(batch)
             t2 = time.perf_counter()
-            self.log_step(roll, upd, generated, t1 - t0, t2 - t1, run)
+            val = self.validate() if self.validation_due() else {}
+            row = self.log_step(roll, upd | val, generated, t1 - t0, t2 - t1, time.perf_counter() - t2, run)
             stop = dist.sum_scalar(len(terminated)) > 0  # every rank stops at the same step
             if self.checkpoint_due() or stop:
                 self.save_checkpoint()
             bar.update(1)
-            bar.set_postfix(acc=f"{roll['accuracy']:.2f}", len=f"{roll['len_mean']:.0f}")
+            if self.rank == 0:
+                console.line(step_metrics.step_line(row, cfg.steps))
             if stop:
-                tqdm.write(f"SIGTERM: stopped after step {self.step}, checkpoint saved; "
+                console.line(f"SIGTERM: stopped after step {self.step}, checkpoint saved; "
                            "the same command resumes the run")
                 raise SystemExit(128 + signal.SIGTERM)
         signal.signal(signal.SIGTERM, previous)
         bar.close()
         if self.rank == 0:
             self.finish()
-        tracking.finish(run)
+        tracking.finish(run, row and {k: row[k] for k in step_metrics.SUMMARY_KEYS if k in row})
         dist.barrier()
 
-    def log_step(self, roll: dict, upd: dict, generated: list, t_roll: float, t_train: float, run) -> None:
-        """One sectioned row (bfspo.training.step_metrics) to metrics.jsonl and W&B, and the step's trees.
-
-        W&B gets the rows when the step's checkpoint is due, so that a run resumed from its last
-        checkpoint logs each step into its W&B run exactly once (the steps redone after a crash were
-        never sent); metrics.jsonl is trimmed to the checkpoint by `restore`.
-        """
+    def log_step(self, roll: dict, upd: dict, generated: list, t_roll: float, t_train: float, t_val: float,
+                 run) -> dict:
+        """The step's sectioned row (bfspo.training.step_metrics) to metrics.jsonl and, at once, to W&B
+        (unless an earlier attempt sent this step already: bfspo/tracking.py), and a sample of the
+        step's trees (`log_trees`) to trees/; returns the row."""
         from bfspo import tracking
 
         stats = step_metrics.reduce_ranks(dist.gather(roll)) | upd
+        self.tokens_seen += int(stats["rollout_tokens"])
+        questions_seen = sum(dist.gather(self.cursors[self.rank]))
         old_s = upd.get("old_logprobs_s", 0.0)
         stats.update(lr=self.optimizer.param_groups[0]["lr"], rollout_s=t_roll, update_s=t_train - old_s,
-                     rollout_tok_s=stats["rollout_tokens"] / max(t_roll, 1e-9),
+                     step_s=t_roll + t_train + t_val, rollout_tok_s=stats["rollout_tokens"] / max(t_roll, 1e-9),
                      train_tok_s=stats["tokens_unique"] / max(t_train, 1e-9),
                      packing_gain=stats["tokens_total"] / max(stats["tokens_unique"], 1),
-                     peak_mem_gb=max(dist.gather(peak_memory_gb())))
+                     filtered_frac=stats["groups_filtered"] / max(stats["groups_kept"] + stats["groups_filtered"], 1),
+                     questions_seen=questions_seen, tokens_seen=self.tokens_seen,
+                     epoch=questions_seen / len(self.questions), peak_mem_gb=max(dist.gather(peak_memory_gb())))
+        if upd.get("val_questions"):
+            stats["val_s"] = t_val
         row = step_metrics.step_row(self.step, stats)
-        trees = dist.gather([t.to_dict(decode=self.token_strings) for t in generated]) if self.cfg.log_trees else []
+        trees = dist.gather([t.to_dict(decode=self.token_strings) for t in self.trees_to_log(generated)])
+        trees = [t for part in trees for t in part]
         if self.rank == 0:
             with (self.run_dir / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
-            if self.cfg.log_trees:
-                lines = [json.dumps(t) for part in trees for t in part]
+            if trees:
                 atomic_write_text(self.run_dir / "trees" / f"step_{self.step:05d}.jsonl",
-                                  "".join(line + "\n" for line in lines))
-            self.wandb_pending.append(row)
-            if self.checkpoint_due():
-                samples = [t for part in trees for t in part]
-                if samples and run is not None:  # the last row of the flush carries the step's sample trees
-                    self.wandb_pending[-1] = row | {"rollout/samples": tracking.table(sample_table(samples, self.step))}
-                for pending in self.wandb_pending:
-                    tracking.log(run, pending, step=pending["step"])
-                self.wandb_pending = []
+                                  "".join(json.dumps(t) + "\n" for t in trees))
+            if self.step > self.wandb_logged:
+                samples = {"rollout/samples": tracking.table(sample_table(trees, self.step))} \
+                    if trees and run is not None and self.checkpoint_due() else {}
+                tracking.log(run, row | samples, step=self.step)
+        return row
+
+    def trees_to_log(self, generated: list) -> list:
+        """This rank's share of the `log_trees` sample: its first ceil(N / ranks) trees (all for -1)."""
+        n = self.cfg.log_trees
+        return generated if n < 0 else generated[:math.ceil(n / self.world)]
+
+    def validation_due(self) -> bool:
+        return bool(self.cfg.val_every) and (self.step % self.cfg.val_every == 0 or self.step == self.cfg.steps)
+
+    def validate(self) -> dict:
+        """Greedy answers to this rank's share of the held-out questions, merged over ranks (validation.py)."""
+        from bfspo.tasks.verify import is_correct
+
+        mine = self.val_questions[self.rank::self.world]
+        benchmark = self.cfg.val_benchmark or self.cfg.benchmark
+
+        def correct(i: int, ids: list[int]) -> bool:
+            return is_correct(benchmark, self.tokenizer.decode(ids, skip_special_tokens=True), mine[i].gold)
+
+        return validation.merge(dist.gather(validation.answer(self.engine, [q.prompt_ids for q in mine],
+                                                              self.cfg.budget, correct)))
 
     def checkpoint_due(self) -> bool:
         return self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps
