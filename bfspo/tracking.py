@@ -31,6 +31,9 @@ from pathlib import Path
 
 from bfspo.errors import BfspoError
 
+# the tag of every rehearsal run, and what its project adds to the paper's (bfspo/rehearsal/config.py)
+REHEARSAL_TAG, REHEARSAL_SUFFIX = "rehearsal", "-rehearsal"
+
 
 def run_tags(names: dict) -> list[str]:
     """W&B tags from the workflow's names: tables (a list), method_key, model_label and seed, where

@@ -168,18 +168,22 @@ def test_a_second_evaluate_on_the_same_folder_is_refused(tiny_model_dir, tmp_pat
 
 
 def test_eval_run_has_intervals_in_its_summary_a_samples_table_and_tags(tiny_model_dir, tmp_path, monkeypatch):
+    from bfspo import tracking
     from bfspo.reporting.sync import offline_runs
-    from tests.helpers.wandb_offline import read_offline_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     data = write_rows(tmp_path / "gsm8k.jsonl", ROWS)
     assert evaluate(tiny_model_dir, data, tmp_path / "out", "--limit", "3", "--wandb-project", "bfspo-tests",
-                    "--meta", "method=dapo", "model_label=Tiny", "seed=0", "tables=table2,table3") == 0
+                    "--meta", "method=dapo", "model_label=Tiny", "seed=0", "tables=table2,table3",
+                    "--wandb-tags", "rehearsal") == 0
     summary = read_json(tmp_path / "out" / "summary.json")
     (offline,) = offline_runs(tmp_path / "out")
-    record = read_offline_run(offline)
-    assert record["run"]["tags"] == ["table:table2", "table:table3", "method:dapo", "model:Tiny", "seed:0"]
+    record = tracking.read_run(offline)
+    assert record["run"]["tags"] == ["table:table2", "table:table3", "method:dapo", "model:Tiny", "seed:0", "rehearsal"]
+    config = record["run"]["config"]["update"]  # typed as a training run's; the results are not copied in
+    assert config["seed"] == 0 and config["tables"] == ["table2", "table3"] and config["method_key"] == "dapo"
+    assert not {"accuracy", "avg_length", "accuracy_ci", "meta"} & set(config) and config["benchmark"] == "gsm8k"
     wb = record["summary"]
     assert wb["eval/accuracy"] == pytest.approx(summary["accuracy"])
     assert [wb["eval/avg_length_ci_low"], wb["eval/avg_length_ci_high"]] == pytest.approx(summary["avg_length_ci"])

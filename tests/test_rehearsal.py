@@ -28,8 +28,11 @@ def test_derivation_is_pure_and_replaces_only_models_sizes_and_resources():
     before = copy.deepcopy(PAPER)
     rehearsal = derive(PAPER)
     assert PAPER == before  # the paper config is not touched
-    for key in ("seeds", "wandb", "slurm", "data", "reported_results", "train_sets", "benchmarks", "methods"):
+    for key in ("seeds", "slurm", "data", "reported_results", "train_sets", "benchmarks", "methods"):
         assert rehearsal[key] == PAPER[key], key
+    # its W&B runs go to a project of their own, tagged (issue 26)
+    assert rehearsal["wandb"] == PAPER["wandb"] | {"project": PAPER["wandb"]["project"] + "-rehearsal",
+                                                   "tags": ["rehearsal"]}
     for name, model in rehearsal["models"].items():
         size = PAPER["models"][name]["size"]
         assert model == PAPER["models"][name] | {"path": f"results/rehearsal/models/{size}"}

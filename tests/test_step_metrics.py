@@ -74,7 +74,7 @@ def test_length_reward_and_finished_lengths_of_first_samples():
 def test_sample_table_renders_the_first_trees_as_bfspo_tree_show_does():
     from bfspo.algorithm.advantages import assign_advantages, assign_rewards
     from bfspo.algorithm.search import build_trees
-    from bfspo.reporting.tree_show import render_tree
+    from bfspo.algorithm.tree_text import render_tree
     from bfspo.training.samples import sample_table
     from tests.test_search import Q, ScriptedEngine, correct, figure1_script
 

@@ -1,10 +1,15 @@
-"""`bfspo sync` finds every offline W&B run of a results folder: training, evaluation and report runs."""
+"""`bfspo sync` finds every offline W&B run of a results folder (training, evaluation and report runs),
+uploads a resumed run's fragments together, oldest first, and never puts a rehearsal run in the
+paper's project."""
+
+import subprocess
+from types import SimpleNamespace
 
 import pytest
 
 from bfspo import cli, tracking
 from bfspo.errors import BfspoError
-from bfspo.reporting.sync import offline_runs
+from bfspo.reporting.sync import find_runs, offline_runs
 
 
 @pytest.fixture
@@ -13,11 +18,25 @@ def offline(monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
 
 
-def _run(run_dir, job_type):
-    wb = tracking.start(run_dir, {}, project="bfspo-test", group="g", job_type=job_type, name=run_dir.name)
+def _run(run_dir, job_type, project="bfspo-test", tags=None):
+    wb = tracking.start(run_dir, {}, project=project, group="g", job_type=job_type, name=run_dir.name, tags=tags)
     tracking.log(wb, {"x": 1.0}, step=1)
     tracking.finish(wb)
     return wb.id
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    calls, real_run = [], subprocess.run
+
+    def fake_run(cmd, **kwargs):  # `wandb sync` is faked; wandb's reader (tracking.read_run) runs
+        if cmd[1:2] != ["sync"]:
+            return real_run(cmd, **kwargs)
+        calls.append(cmd)
+        return SimpleNamespace(returncode=1 if any("/eval/" in c for c in cmd) else 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    return calls
 
 
 def test_sync_lists_training_evaluation_and_report_runs(tmp_path, offline, capsys):
@@ -28,10 +47,13 @@ def test_sync_lists_training_evaluation_and_report_runs(tmp_path, offline, capsy
     _run(dirs[0], "train")  # a resumed training run: a second fragment with the same id
     found = offline_runs(results)
     # the id from the run file: a folder made in the same second as another gets a "-1" suffix
-    assert len(found) == 4 and sorted({next(p.glob("run-*.wandb")).stem[4:] for p in found}) == sorted(ids)
+    assert len(found) == 4 and sorted({tracking.folder_run_id(p) for p in found}) == sorted(ids)
     assert all(any(str(p).startswith(str(d)) for p in found) for d in dirs)
+    runs = find_runs(results)
+    assert [len(r.fragments) for r in runs] == [2, 1, 1] and [r.run_id for r in runs] == ids
     assert cli.main(["sync", str(results), "--dry-run"]) == 0
-    assert capsys.readouterr().out.splitlines() == [str(p) for p in found]
+    listed = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert sorted(p for p, _ in listed) == sorted(map(str, found)) and {p for _, p in listed} == {"bfspo-test"}
 
 
 def test_sync_of_a_folder_without_runs_is_an_error(tmp_path, capsys):
@@ -41,20 +63,35 @@ def test_sync_of_a_folder_without_runs_is_an_error(tmp_path, capsys):
         offline_runs(tmp_path / "missing")
 
 
-def test_sync_runs_wandb_sync_on_each_run_and_names_the_failures(tmp_path, offline, monkeypatch, capsys):
-    import subprocess
-    from types import SimpleNamespace
-
+def test_sync_uploads_each_run_in_one_call_and_names_the_failures(tmp_path, offline, fake_wandb, capsys):
     results = tmp_path / "results"
     _run(results / "runs" / "a", "train")
+    _run(results / "runs" / "a", "train")  # resumed
     _run(results / "eval" / "a" / "toy", "eval")
-    calls = []
-
-    def fake_run(cmd):
-        calls.append(cmd)
-        return SimpleNamespace(returncode=1 if "/eval/" in cmd[-1] else 0)
-
-    monkeypatch.setattr(subprocess, "run", fake_run)
     assert cli.main(["sync", str(results)]) == 2
-    assert [c[1:-1] for c in calls] == [["sync"], ["sync"]] and [c[-1] for c in calls] == list(map(str, offline_runs(results)))
-    assert "wandb sync failed for 1 of 2 offline runs" in capsys.readouterr().err
+    fragments = offline_runs(results)
+    train = [str(p) for p in fragments if "/runs/" in str(p)]
+    assert fake_wandb == [[fake_wandb[0][0], "sync", "--project", "bfspo-test", *train],
+                          [fake_wandb[0][0], "sync", "--project", "bfspo-test", *(set(map(str, fragments)) - set(train))]]
+    assert "wandb sync failed for 1 of 2 runs" in capsys.readouterr().err
+
+
+def test_rehearsal_runs_never_reach_the_papers_project(tmp_path, offline, fake_wandb, capsys):
+    """Tagged runs, runs of a rehearsal project, and untagged runs under a rehearsal's results folder
+    (made before the rehearsal had its own project) are left out of a plain sync; --rehearsal
+    uploads only them, each into a `-rehearsal` project."""
+    results = tmp_path / "results"
+    _run(results / "runs" / "paper", "train", project="bfspo")
+    _run(results / "rehearsal" / "runs" / "tagged", "train", project="bfspo-rehearsal", tags=["rehearsal"])
+    _run(results / "other" / "tagged-elsewhere", "eval", project="bfspo", tags=["table:x", "rehearsal"])
+    (results / "rehearsal" / "config.yaml").write_text("# REHEARSAL\nstand_ins: {dir: results/rehearsal/models}\n")
+    _run(results / "rehearsal" / "evals" / "old", "eval", project="bfspo")  # untagged, in the paper's project
+    assert cli.main(["sync", str(results)]) == 0
+    assert [c[3:] for c in fake_wandb] == [["bfspo", str(next((results / "runs" / "paper").rglob("offline-run-*")))]]
+    assert "left out 3 rehearsal run(s)" in capsys.readouterr().out
+    fake_wandb.clear()
+    assert cli.main(["sync", str(results), "--rehearsal"]) == 0
+    assert sorted(c[3] for c in fake_wandb) == ["bfspo-rehearsal"] * 3
+    assert all("/runs/paper/" not in c[-1] for c in fake_wandb)
+    assert cli.main(["sync", str(results / "runs"), "--rehearsal"]) == 2
+    assert "no rehearsal runs to upload" in capsys.readouterr().err

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from bfspo.cli import main
-from bfspo.reporting.tables import Stat, _flat, build_rows, build_table, fmt, load_reported, load_summaries
+from bfspo.reporting.summaries import Stat, load_reported, load_summaries
+from bfspo.reporting.tables import _flat, build_rows, build_table, fmt
 
 REPORTED_HEADER = "table,model,train_set,benchmark,domain,method,K,ratio,acc,avg_len,aes\n"
 SPEC = {
@@ -87,8 +88,13 @@ def test_csv_holds_numbers_with_intervals_and_seed_counts(tmp_path, runs, report
     df = build(tmp_path, SPEC, runs, reported)
     assert df[df.Method == "Global Adv."].iloc[0]["Acc."] == "76.0 [70.0, 82.0]"
     csv = pd.read_csv(tmp_path / "out" / "abl.csv")
-    assert list(csv.columns) == ["Method", "K", "Branch Adv.", "Len. Penalty", "Source", "train_set", "benchmark",
-                                 "metric", "mean", "std", "ci_low", "ci_high", "n_seeds"]
+    assert list(csv.columns) == ["Method", "K", "Branch Adv.", "Len. Penalty", "Source", "method_key", "train_set",
+                                 "benchmark", "metric", "mean", "std", "ci_low", "ci_high", "n_seeds", "runs"]
+    # issue 26: the method's key and the runs behind a cell join a row to its W&B runs
+    ours = csv[csv.Source == "ours"].drop_duplicates("Method").set_index("Method")
+    assert ours.loc["DAPO", "method_key"] == "dapo" and ours.loc["DAPO", "runs"] == "m_ts_dapo_s0;m_ts_dapo_s1"
+    assert ours.loc["Zero-shot", "runs"] == "m_zero-shot" and ours.loc["Global Adv.", "runs"] == "m_ts_glob_s0"
+    assert set(csv[csv.Source == "paper"].method_key) == {"zero-shot", "dapo", "glob"}
     dapo = csv[(csv.Method == "DAPO") & (csv.Source == "ours")].set_index("metric")
     assert dapo.loc["acc", "mean"] == 83.0 and dapo.loc["acc", "std"] == pytest.approx(2 ** 0.5)
     assert dapo.loc["acc", "n_seeds"] == 2 and 82.0 <= dapo.loc["acc", "ci_low"] <= dapo.loc["acc", "ci_high"] <= 84.0

@@ -37,7 +37,8 @@ def test_train_writes_a_complete_run(tiny_model_dir, train_data, tmp_path):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    proc = run_train(tiny_model_dir, train_data, out, steps=2)
+    proc = run_train(tiny_model_dir, train_data, out, steps=2, log_trees=3, val_every=2, val_data=train_data,
+                     val_questions=4)
     assert proc.returncode == 0, proc.stderr
     done = json.loads((out / "done.json").read_text())
     assert done["steps"] == 2 and done["method"] == "bfspo"
@@ -48,15 +49,24 @@ def test_train_writes_a_complete_run(tiny_model_dir, train_data, tmp_path):
                 "rollout/len_mean", "rollout/len_std", "rollout/cutoff_frac", "rollout/tokens_unique",
                 "rollout/groups_kept", "tree/depth_max", "tree/backtracks", "tree/tied_branching_nodes",
                 "advantage/mean", "advantage/std", "advantage/zero_frac", "timing/rollout_s",
-                "timing/old_logprobs_s", "timing/update_s", "timing/train_tok_s", "timing/peak_mem_gb"):
+                "timing/old_logprobs_s", "timing/update_s", "timing/train_tok_s", "timing/peak_mem_gb",
+                "rollout/len_min", "rollout/len_finished_mean", "rollout/overlong_mean", "rollout/filtered_frac",
+                "advantage/min", "advantage/max", "train/questions_seen", "train/tokens_seen", "train/epoch",
+                "timing/step_s"):
         assert all(key in r for r in rows), key
     assert all(r["rollout/tokens_total"] >= r["rollout/tokens_unique"] for r in rows)
+    # issue 26: cumulative counts, validation at step 2 only, a plain line per step and no tqdm stream
+    assert rows[1]["train/questions_seen"] == rows[0]["train/questions_seen"] + rows[1]["rollout/questions_generated"]
+    assert rows[1]["train/tokens_seen"] == rows[0]["train/tokens_seen"] + rows[1]["rollout/tokens_generated"]
+    assert "val-core/accuracy" not in rows[0] and rows[1]["val-core/questions"] == 4
+    assert re.search(r"^step 2/2 \| loss .* \| val acc [0-9.]+ len [0-9.]+ \| [0-9.]+ s$", proc.stdout, re.M), proc.stdout
+    assert "\r" not in proc.stdout + proc.stderr
     for r in rows:  # issue 14: the batch statistics of every step
         assert r["rollout/questions_generated"] >= r["rollout/questions_kept"] >= r["rollout/trees"]
         assert r["rollout/chains_target"] == 16 and 1 <= r["rollout/gen_rounds"] <= 10
         assert r["rollout/batch_full"] == float(r["rollout/chains"] >= 16)
     trees = [SearchTree.from_dict(json.loads(line)) for line in (out / "trees" / "step_00001.jsonl").read_text().splitlines()]
-    assert trees and all(len(t.segments[i].token_ids) > 0 for t in trees for i in t.leaves())
+    assert len(trees) == 3 and all(len(t.segments[i].token_ids) > 0 for t in trees for i in t.leaves())
     assert all(t.n_tokens <= t.n_chain_tokens for t in trees)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     model = PeftModel.from_pretrained(base, out / "adapter")
@@ -115,6 +125,8 @@ def test_resume_after_kill(tiny_model_dir, train_data, tmp_path):
     logged = [h["step"] for f in fragments for h in f["history"]]
     assert logged == [1, 2, 3, 4, 5]
     assert all(k in h for f in fragments for h in f["history"] for k in ("train/loss", "rollout/accuracy", "timing/rollout_s"))
+    times = [h["_timestamp"] for h in fragments[1]["history"]]  # sent as each step ended, not at the checkpoint
+    assert times[1] - times[0] > 0.5 * fragments[1]["history"][1]["timing/step_s"]
     # each checkpoint's last row carries a table of sample trees
     assert [h["step"] for f in fragments for h in f["history"] if "rollout/samples._type" in h] == [2, 4, 5]
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / "adapter")

@@ -57,8 +57,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"],
                         help="W&B mode (the WANDB_MODE environment variable wins)")
     parser.add_argument("--run-name", help="W&B run name (default: the --out-dir folder name)")
-    parser.add_argument("--wandb-tags", nargs="*", default=None, metavar="TAG",
-                        help="W&B tags (default: from --meta's tables (comma-separated), method, model_label and seed)")
+    parser.add_argument("--wandb-tags", nargs="*", default=[], metavar="TAG",
+                        help="W&B tags added to those of --meta's tables (comma-separated), method, model_label and seed")
     parser.add_argument("--wandb-samples", type=int, default=20,
                         help="responses logged to W&B as a table of samples")
 
@@ -158,24 +158,38 @@ def build_engine(args) -> tuple[RolloutEngine, object, int | None]:
 
 
 def log_to_wandb(summary: dict, samples: list[dict], args) -> None:
-    """One eval run: the summary as its config, accuracy, length and their intervals in its W&B summary,
-    and the first --wandb-samples responses as a table."""
+    """One eval run: what was evaluated as its config (`run_config`), accuracy, length and their
+    intervals in its W&B summary, and the first --wandb-samples responses as a table."""
     import wandb
 
     from bfspo import tracking
 
-    meta = summary["meta"]
-    names = {"tables": [t for t in meta.get("tables", "").split(",") if t], "method_key": meta.get("method"),
-             "model_label": meta.get("model_label"), "seed": meta.get("seed")}
-    run = tracking.start(args.out_dir, summary, project=args.wandb_project, group=args.wandb_group,
+    config = run_config(summary)
+    run = tracking.start(args.out_dir, config, project=args.wandb_project, group=args.wandb_group,
                          job_type="eval", name=args.run_name or args.out_dir.name, mode=args.wandb_mode,
-                         tags=tracking.run_tags(names) if args.wandb_tags is None else args.wandb_tags)
+                         tags=tracking.run_tags(config | {"wandb_tags": args.wandb_tags}))
     if run is not None:
         run.summary.update(eval_summary(summary))
         shown = pd.DataFrame(samples[:args.wandb_samples],
                              columns=["id", "sample", "correct", "num_tokens", "finished", "extracted", "gold", "response"])
         run.log({"eval/samples": wandb.Table(dataframe=shown)})
     tracking.finish(run)
+
+
+def run_config(summary: dict) -> dict:
+    """An eval run's W&B config: the model, data and protocol evaluated, and the workflow's names
+    typed as in a training run's config (`seed` the training seed, an int; `tables` a list;
+    `method_key`); the results go to the run's summary (`eval_summary`), not here."""
+    meta = dict(summary["meta"])
+    seed = meta.pop("seed", None)
+    try:
+        seed = None if seed in (None, "") else int(seed)
+    except ValueError:
+        raise BfspoError(f"--meta seed={seed}: the training seed must be an integer") from None
+    tables = [t for t in meta.pop("tables", "").split(",") if t]
+    protocol = {k: summary[k] for k in ("benchmark", "model", "adapter", "data", "budget", "temperature", "engine")}
+    return protocol | {"samples": summary["samples_per_question"], "eval_seed": summary["seed"]} | meta | {
+        "method_key": meta.get("method"), "seed": seed, "tables": tables}
 
 
 def eval_summary(summary: dict) -> dict:

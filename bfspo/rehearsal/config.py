@@ -6,8 +6,11 @@
 stand-in that the workflow builds (`stand_ins`: rule stand_in, random init, then rule stand_in_sft,
 a short SFT on the training questions its runs then see), the step counts, the questions per
 benchmark and per train set, and the batch sizes, and the resources (every class becomes a CPU class; a
-class with several GPUs keeps that many data-parallel ranks). Everything else (benchmarks, prompts,
-budgets, samples, temperatures, methods, tables, reported rows, W&B) is the paper config's own.
+class with several GPUs keeps that many data-parallel ranks). Its W&B runs go to a project of their
+own, `<paper project>-rehearsal`, tagged `rehearsal`, so that they never mix with the paper's
+(`bfspo sync` leaves them out unless asked with --rehearsal). Everything else (benchmarks, prompts,
+budgets, samples, temperatures, methods, tables, reported rows, W&B groups and names) is the paper
+config's own.
 `--engine` may swap the rollout engine (CI uses transformers for speed). The tables' titles and a
 README beside the config say that the numbers mean nothing.
 """
@@ -22,6 +25,7 @@ import yaml
 
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text
+from bfspo.tracking import REHEARSAL_SUFFIX, REHEARSAL_TAG
 
 RESULTS = "results/rehearsal"
 NOTE = "REHEARSAL: tiny stand-in models; the numbers mean nothing"
@@ -66,6 +70,8 @@ def derive(paper: dict, engine: str | None = None) -> dict:
     }
     out["train"] = paper.get("train", {}) | TRAIN_SIZE
     out["evaluation"] = paper.get("evaluation", {}) | {"limit": EVAL_LIMIT}
+    out["wandb"] = paper["wandb"] | {"project": paper["wandb"]["project"] + REHEARSAL_SUFFIX,
+                                     "tags": [*paper["wandb"].get("tags", []), REHEARSAL_TAG]}
     for method in out["methods"].values():  # a method's own sizes shrink too
         for key in TRAIN_SIZE.keys() & method.get("train", {}).keys():
             method["train"][key] = TRAIN_SIZE[key]

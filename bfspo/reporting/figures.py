@@ -37,7 +37,7 @@ import pandas as pd
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl
 from bfspo.reporting.style import EMA_ALPHA, ema, method_colour
-from bfspo.reporting.tables import ZERO_SHOT, aggregate, load_reported, load_spec, load_summaries, score
+from bfspo.reporting.summaries import ZERO_SHOT, aggregate, load_reported, load_spec, load_summaries, score
 
 CURVES = [("rollout/reward_mean", "reward"), ("rollout/accuracy", "accuracy (first samples)"),
           ("rollout/len_mean", "mean length (tokens)")]
@@ -206,7 +206,6 @@ def paired_figures(spec: dict, summaries: pd.DataFrame, runs_dir: Path, out_dir:
     seed's difference from the first method (dots) and the paired table's mean with its 95%
     interval (bar), one colour per method (bfspo/reporting/paired.py)."""
     from bfspo.reporting.paired import METRICS, paired_table, per_seed
-    from bfspo.reporting.tables import score
 
     seeds, _ = per_seed(spec, score(summaries), runs_dir)
     table = paired_table(spec, seeds)

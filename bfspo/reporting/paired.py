@@ -38,7 +38,7 @@ import pandas as pd
 from bfspo.errors import BfspoError
 from bfspo.evaluation.metrics import bootstrap_ci
 from bfspo.io import atomic_write_text, read_json, read_jsonl
-from bfspo.reporting.tables import latex_escape
+from bfspo.reporting.latex import latex_escape
 from bfspo.reporting.tree_stats import read_trees, tree_files, tree_stats
 
 METRICS = [("acc", "Acc.", 1, True), ("avg_len", "Avg. Len.", 1, False), ("aes", "AES", 2, True)]

@@ -1,9 +1,10 @@
 """`bfspo report`: log a table's CSVs (as wandb.Table) and its figures (as images) to a report run
-named after the table, in the table's W&B group and tagged `table:<table>` like the table's
-training and evaluation runs.
+named after the table, in the table's W&B group and tagged `table:<table>` (and --wandb-tags) like
+the table's training and evaluation runs. The tables keep the CSVs' types: numbers stay numbers (a
+missing one is empty), so W&B can sort, filter and plot them.
 
     bfspo report --project P --group G [--mode offline] --tables T.csv ... --figures DIR ...
-                 --wandb-dir results/wandb --out results/report/G.json
+                 --wandb-dir results/wandb [--wandb-tags TAG ...] --out results/report/G.json
 
 Offline by default (no account; `wandb sync <wandb-dir>/...` uploads later); WANDB_MODE wins, as
 for every bfspo run. --out records what was logged, and is written last.
@@ -29,10 +30,19 @@ def collect(tables: list[Path], figure_dirs: list[Path]) -> tuple[list[Path], li
     return tables, sorted(p for d in figure_dirs for p in d.glob("*.png"))
 
 
+def read_table(path: Path) -> pd.DataFrame:
+    """A table CSV with its numeric columns as numbers (missing: NaN) and the others as text
+    (missing: the empty string, not NaN)."""
+    df = pd.read_csv(path)
+    text = df.select_dtypes(exclude="number").columns
+    df[text] = df[text].fillna("").astype(str)
+    return df
+
+
 def log_report(run, tables: list[Path], figures: list[Path]) -> None:
     import wandb
 
-    row = {f"table/{p.stem}": wandb.Table(dataframe=pd.read_csv(p, dtype=str, keep_default_na=False)) for p in tables}
+    row = {f"table/{p.stem}": wandb.Table(dataframe=read_table(p)) for p in tables}
     row |= {f"figure/{p.stem}": wandb.Image(str(p)) for p in figures}
     run.log(row)
 
@@ -45,6 +55,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tables", nargs="+", default=[], type=Path, help="table CSV files")
     parser.add_argument("--figures", nargs="+", default=[], type=Path, help="folders of PNG figures")
     parser.add_argument("--wandb-dir", default="results/wandb", type=Path, help="where the offline run is written")
+    parser.add_argument("--wandb-tags", nargs="*", default=[], metavar="TAG", help="tags added to table:<group>")
     parser.add_argument("--out", required=True, type=Path, help="JSON record of the report run (written last)")
 
 
@@ -53,7 +64,7 @@ def run(args) -> int:
     run_dir = args.wandb_dir / f"report-{args.group}"
     wb = tracking.start(run_dir, {"tables": [str(p) for p in tables]}, project=args.project, group=args.group,
                         job_type="report", name=args.name or args.group, mode=args.mode,
-                        tags=tracking.run_tags({"tables": [args.group]}))
+                        tags=tracking.run_tags({"tables": [args.group], "wandb_tags": args.wandb_tags}))
     if wb is not None:
         log_report(wb, tables, figures)
     record = {

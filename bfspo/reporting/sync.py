@@ -1,11 +1,20 @@
-"""`bfspo sync RESULTS_DIR`: upload every offline W&B run under a results folder with `wandb sync`.
+"""`bfspo sync RESULTS_DIR`: upload every offline W&B run of a results folder with `wandb sync`.
 
 Training runs (runs/<run>/wandb), evaluation runs (eval/<run>/<benchmark>/wandb) and report runs
 (wandb/report-<table>/wandb) all write `offline-run-<time>-<id>` folders; this finds them at any
-depth, in time order (a resumed run's fragments share its id and are synced oldest first).
+depth. A resumed run has one folder per attempt (its fragments): they go to one `wandb sync` call,
+oldest first, which uploads them into one run (bfspo/tracking.py: each step is in one fragment).
 
-    bfspo sync results            # upload (needs `wandb login` or WANDB_API_KEY)
-    bfspo sync results --list     # only list the offline runs, one folder a line
+Rehearsal runs never reach the paper's project. A run is a rehearsal run when its tags hold
+`rehearsal` or its project ends in `-rehearsal` (bfspo/rehearsal/config.py gives it both), or when
+it lies under a rehearsal's results folder (one whose config.yaml has `stand_ins`: runs made before
+the rehearsal had a project of its own). Without --rehearsal they are left out, and
+said so; with it, only they are uploaded, each into its rehearsal project (`<project>-rehearsal`
+where the run's own project is not one).
+
+    bfspo sync results                         # upload (needs `wandb login` or WANDB_API_KEY)
+    bfspo sync results --list                  # only list the runs and their projects
+    bfspo sync results/rehearsal --rehearsal   # the rehearsal's runs, into their own project
 """
 
 from __future__ import annotations
@@ -13,9 +22,31 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
+from bfspo import tracking
 from bfspo.errors import BfspoError
+from bfspo.tracking import REHEARSAL_SUFFIX, REHEARSAL_TAG
+
+
+@dataclass
+class Run:
+    """One W&B run of a results folder: its fragments (offline folders), oldest first."""
+
+    run_id: str
+    project: str
+    rehearsal: bool
+    fragments: list[Path] = field(default_factory=list)
+
+    @property
+    def target_project(self) -> str:
+        """The project it is uploaded to: its own, except a rehearsal run recorded in another project."""
+        if self.rehearsal and not self.project.endswith(REHEARSAL_SUFFIX):
+            return self.project + REHEARSAL_SUFFIX
+        return self.project
 
 
 def offline_runs(results: Path) -> list[Path]:
@@ -26,25 +57,64 @@ def offline_runs(results: Path) -> list[Path]:
     return sorted(runs, key=lambda p: (p.name.split("-")[2], str(p)))
 
 
+def rehearsal_roots(results: Path) -> list[Path]:
+    """The rehearsal results folders at or below `results`: their config.yaml (`bfspo rehearsal-config`)
+    has stand-in models (`stand_ins`)."""
+    roots = []
+    for config in [results / "config.yaml", *results.rglob("*/config.yaml")]:
+        try:
+            loaded = yaml.safe_load(config.read_text()) if config.is_file() else None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if isinstance(loaded, dict) and "stand_ins" in loaded:
+            roots.append(config.parent)
+    return roots
+
+
+def find_runs(results: Path) -> list[Run]:
+    """The runs of a results folder, each with its fragments, in the order of their first fragment."""
+    roots = [r.resolve() for r in rehearsal_roots(results)]
+    runs: dict[tuple[str, str], Run] = {}
+    for folder in offline_runs(results):
+        record = tracking.read_run(folder)["run"]
+        project, run_id = record.get("project", ""), record["run_id"]
+        rehearsal = (REHEARSAL_TAG in record.get("tags", []) or project.endswith(REHEARSAL_SUFFIX)
+                     or any(root in folder.resolve().parents for root in roots))
+        runs.setdefault((project, run_id), Run(run_id, project, rehearsal)).fragments.append(folder)
+    return list(runs.values())
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", type=Path, help="results folder (e.g. results)")
     parser.add_argument("--list", "--dry-run", dest="list", action="store_true",
                         help="list the offline runs that would be uploaded, and upload nothing")
+    parser.add_argument("--rehearsal", action="store_true",
+                        help="upload the rehearsal's runs (only those), into their own W&B project")
 
 
 def run(args) -> int:
-    runs = offline_runs(args.results)
-    if not runs:
+    found = find_runs(args.results)
+    if not found:
         raise BfspoError(f"{args.results}: no offline W&B runs (offline-run-*/run-*.wandb) under it")
+    chosen = [r for r in found if r.rehearsal == args.rehearsal]
+    left = len(found) - len(chosen)
+    if left:
+        print(f"left out {left} {'paper' if args.rehearsal else 'rehearsal'} run(s); "
+              + ("run without --rehearsal to upload them" if args.rehearsal else
+                 "`bfspo sync DIR --rehearsal` uploads them into their own project"))
+    if not chosen:
+        raise BfspoError(f"{args.results}: no {'rehearsal' if args.rehearsal else 'paper'} runs to upload")
     if args.list:
-        print("\n".join(str(p) for p in runs))
+        for r in chosen:
+            print("\n".join(f"{p}\t{r.target_project}" for p in r.fragments))
         return 0
     wandb_cli = shutil.which("wandb")
     if wandb_cli is None:
         raise BfspoError("the `wandb` command is not on PATH (it comes with the wandb package)")
-    failed = [p for p in runs if subprocess.run([wandb_cli, "sync", str(p)]).returncode]
+    failed = [r for r in chosen
+              if subprocess.run([wandb_cli, "sync", "--project", r.target_project, *map(str, r.fragments)]).returncode]
     if failed:
-        raise BfspoError(f"wandb sync failed for {len(failed)} of {len(runs)} offline runs: "
-                         + ", ".join(map(str, failed)))
-    print(f"synced {len(runs)} offline runs from {args.results}")
+        raise BfspoError(f"wandb sync failed for {len(failed)} of {len(chosen)} runs: "
+                         + ", ".join(str(r.fragments[0]) for r in failed))
+    print(f"synced {len(chosen)} runs ({sum(len(r.fragments) for r in chosen)} offline folders) from {args.results}")
     return 0

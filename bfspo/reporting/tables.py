@@ -29,151 +29,45 @@ tree statistics, plus DIR/<name>_seeds.csv (one row per method and seed); it nee
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
 import pandas as pd
 
 from bfspo.errors import BfspoError
-from bfspo.io import atomic_write_text, read_json, read_jsonl
-from bfspo.evaluation.metrics import aes, aes_consistency, bootstrap_ci
+from bfspo.io import atomic_write_text, read_jsonl
+from bfspo.evaluation.metrics import aes_consistency
+from bfspo.reporting.latex import NO, YES, latex_escape
+from bfspo.reporting.summaries import (METRICS, ZERO_SHOT, Stat, aggregate, load_reported, load_spec,
+                                       load_summaries, score)
 
-ZERO_SHOT = "zero-shot"
 OURS, PAPER, REPORTED = "ours", "paper", "reported"
-METRICS = [("acc", "Acc.", 1), ("avg_len", "Avg. Len.", 0), ("aes", "AES", 2)]
 DESCRIPTORS = {
     "ablation": ["Method", "K", "Branch Adv.", "Len. Penalty"],
     "models": ["Model", "Method"],
     "ratios": ["Model", "Method", "Ratio"],
 }
-REPORTED_COLUMNS = ["table", "model", "train_set", "benchmark", "domain", "method", "K", "ratio", "acc", "avg_len", "aes"]
 LEGEND = (
     "Source: ours = this repository's runs (mean ± std over seeds; AES against our own zero-shot run); "
     "paper = the paper's printed number for the row above; "
     "reported = taken by the paper from other work, not run here."
 )
-YES, NO, NONE = "✓", "✗", "-"
-# the CSV's columns after the descriptors and the source
-NUMERIC_COLUMNS = ["train_set", "benchmark", "metric", "mean", "std", "ci_low", "ci_high", "n_seeds"]
-# metric -> the summary.json key of its interval (AES has none)
-SUMMARY_CI = {"acc": "accuracy_ci", "avg_len": "avg_length_ci"}
+NONE = "-"
+# the CSV's columns after the descriptors: the source, the method's key, the cell, its numbers, its runs
+NUMERIC_COLUMNS = ["Source", "method_key", "train_set", "benchmark", "metric", "mean", "std", "ci_low", "ci_high",
+                   "n_seeds", "runs"]
 
 
-class Stat(NamedTuple):
-    """One metric of one cell: mean and std over seeds, a 95% interval, the number of seeds (NaN: the paper's)."""
+class Row(NamedTuple):
+    """One row of a table: its descriptors, one cell per column ({metric: Stat, "runs": [...]} or None),
+    its source, and the method it shows: our method key (zero-shot for the base model), or the
+    paper's name of a method that only the paper ran."""
 
-    mean: float
-    std: float = math.nan
-    n: float = math.nan
-    ci_low: float = math.nan
-    ci_high: float = math.nan
-
-
-# ---- inputs ------------------------------------------------------------------------------------
-
-
-def load_spec(text_or_path: str) -> dict:
-    """A table spec given as JSON text or as the path of a JSON file."""
-    if not text_or_path.lstrip().startswith("{"):
-        return read_json(text_or_path)
-    try:
-        return json.loads(text_or_path)
-    except json.JSONDecodeError as e:
-        raise BfspoError(f"--spec: not valid JSON ({e.msg})") from None
-
-
-def load_summaries(paths: list[str]) -> pd.DataFrame:
-    """One row per summary.json: model, method, train_set, seed, benchmark, acc, avg_len."""
-    rows = []
-    for path in paths:
-        s = read_json(path)
-        meta = s.get("meta", {}) if isinstance(s, dict) else {}
-        missing = [k for k in ("benchmark", "accuracy", "avg_length") if k not in s] + [
-            f"meta.{k}" for k in ("model", "method") if k not in meta
-        ]
-        if missing:
-            raise BfspoError(f"{path}: summary lacks {', '.join(missing)}")
-        cis = {f"{m}_ci_{end}": float(s[key][i]) if s.get(key) else math.nan
-               for m, key in SUMMARY_CI.items() for i, end in enumerate(("low", "high"))}
-        rows.append(
-            dict(
-                model=meta["model"],
-                method=meta["method"],
-                train_set=meta.get("train_set", ""),
-                seed=meta.get("seed", ""),
-                benchmark=s["benchmark"],
-                acc=float(s["accuracy"]),
-                avg_len=float(s["avg_length"]),
-                run=meta.get("run", ""),
-                path=str(path),
-                **cis,
-            )
-        )
-    cis = [f"{m}_ci_{end}" for m in SUMMARY_CI for end in ("low", "high")]
-    return pd.DataFrame(rows, columns=["model", "method", "train_set", "seed", "benchmark", "acc", "avg_len", "run",
-                                       "path", *cis])
-
-
-def load_reported(path: str | None) -> pd.DataFrame:
-    """The paper's numbers (data/reported_results.csv); empty when no file is given."""
-    if path is None:
-        return pd.DataFrame(columns=REPORTED_COLUMNS)
-    if not Path(path).is_file():
-        raise BfspoError(f"{path}: no such file")
-    df = pd.read_csv(path)
-    missing = [c for c in REPORTED_COLUMNS if c not in df.columns]
-    if missing:
-        raise BfspoError(f"{path}: missing columns {', '.join(missing)}")
-    return df
-
-
-# ---- our numbers -------------------------------------------------------------------------------
-
-
-def score(summaries: pd.DataFrame) -> pd.DataFrame:
-    """Add each summary's AES against the zero-shot summary of the same model and benchmark
-    (NaN where there is none, or where the zero-shot accuracy is 0 and AES is undefined)."""
-    base = summaries[summaries.method == ZERO_SHOT]
-    dup = base[base.duplicated(["model", "benchmark"], keep=False)]
-    if len(dup):
-        raise BfspoError(f"two zero-shot summaries for the same model and benchmark: {', '.join(dup.path)}")
-    base = base.set_index(["model", "benchmark"])
-
-    def row_aes(r):
-        if (r.model, r.benchmark) not in base.index:
-            return math.nan
-        b = base.loc[(r.model, r.benchmark)]
-        try:
-            return aes(r.acc, r.avg_len, b.acc, b.avg_len)
-        except BfspoError as e:
-            print(f"warning: no AES for {r.path}: {e}", file=sys.stderr)
-            return math.nan
-
-    out = summaries.copy()
-    out["aes"] = [row_aes(r) for r in summaries.itertuples()] if len(summaries) else []
-    return out
-
-
-def _stat(values: pd.Series, ci_low: float, ci_high: float) -> Stat:
-    """Mean and std over seeds with the seed mean's bootstrapped 95% interval; one seed keeps its
-    summary.json interval (ci_low, ci_high; NaN when it has none)."""
-    x = values.dropna()
-    if len(x) > 1:
-        return Stat(float(x.mean()), float(x.std(ddof=1)), len(x), *bootstrap_ci(x.to_numpy()))
-    return Stat(float(x.mean()) if len(x) else math.nan, math.nan, len(x), ci_low, ci_high)
-
-
-def aggregate(scored: pd.DataFrame) -> dict[tuple, dict[str, Stat]]:
-    """(model, method, train_set, benchmark) -> {metric: Stat} over seeds."""
-    cells = {}
-    for key, g in scored.groupby(["model", "method", "train_set", "benchmark"], sort=False):
-        first = g.iloc[0]
-        cells[key] = {m: _stat(g[m], first.get(f"{m}_ci_low", math.nan), first.get(f"{m}_ci_high", math.nan))
-                      for m, _, _ in METRICS}
-    return cells
+    descriptors: list[str]
+    values: list
+    source: str
+    method_key: str
 
 
 def _number(value: float, digits: int) -> str:
@@ -232,10 +126,9 @@ def _descriptors(layout: str, model: dict, label: str, method: dict | None, rati
     return [model["label"], label]
 
 
-def build_rows(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame) -> list[tuple[list[str], list, str]]:
-    """The table's rows as (descriptors, one {metric: Stat} or None per column, source): per model,
-    zero-shot, the reported-only methods, then each of our methods; each of our rows is followed
-    by the paper's row for it, where the paper has one."""
+def build_rows(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame) -> list[Row]:
+    """The table's rows: per model, zero-shot, the reported-only methods, then each of our methods;
+    each of our rows is followed by the paper's row for it, where the paper has one."""
     layout, columns, paper_tables = spec["layout"], spec["columns"], spec.get("paper_tables", [])
     ours = aggregate(score(summaries))
     rows = []
@@ -244,13 +137,13 @@ def build_rows(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame) -> l
         values = [ours.get((model["key"], key, "" if key == ZERO_SHOT else c["train_set"], c["benchmark"])) for c in columns]
         seeds = max((v["acc"].n for v in values if v), default=0)
         source = OURS if seeds <= 1 else f"{OURS} ({seeds} seeds)"
-        rows.append((_descriptors(layout, model, label, method), values, source))
+        rows.append(Row(_descriptors(layout, model, label, method), values, source, key))
         paper_name = ZERO_SHOT if method is None else method.get("paper")
         if paper_name:
             k = None if method is None else method["k"]
             pvalues = [_paper_cell(reported, paper_tables, model["label"], paper_name, c, k=k) for c in columns]
             if any(pvalues):
-                rows.append((_descriptors(layout, model, label, method), pvalues, PAPER))
+                rows.append(Row(_descriptors(layout, model, label, method), pvalues, PAPER, key))
 
     rep = spec.get("reported") or {}
     for model in spec["models"]:
@@ -261,7 +154,7 @@ def build_rows(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame) -> l
                 r = None if pd.isna(ratio) else float(ratio)
                 pvalues = [_paper_cell(reported, [rep["table"]], model["label"], name, c, ratio=r) for c in columns]
                 if any(pvalues):
-                    rows.append((_descriptors(layout, model, label, None, r), pvalues, REPORTED))
+                    rows.append(Row(_descriptors(layout, model, label, None, r), pvalues, REPORTED, name))
         for method in spec["methods"]:
             add_ours(model, method["label"], method["key"], method)
     return rows
@@ -277,38 +170,31 @@ def column_labels(spec: dict) -> list[tuple[str, str]]:
     return cols + [("", "Source")]
 
 
-def build_table(spec: dict, rows: list[tuple[list[str], list, str]]) -> pd.DataFrame:
+def build_table(spec: dict, rows: list[Row]) -> pd.DataFrame:
     """The formatted table (strings), as the MD and TeX files show it."""
-    return pd.DataFrame([desc + _cells(values) + [source] for desc, values, source in rows],
+    return pd.DataFrame([r.descriptors + _cells(r.values) + [r.source] for r in rows],
                         columns=pd.MultiIndex.from_tuples(column_labels(spec)))
 
 
-def numeric_table(spec: dict, rows: list[tuple[list[str], list, str]]) -> pd.DataFrame:
-    """The same cells as numbers: one row per (table row, column, metric), for pandas to compute with."""
+def numeric_table(spec: dict, rows: list[Row]) -> pd.DataFrame:
+    """The same cells as numbers: one row per (table row, column, metric), for pandas to compute with,
+    with the method's key and the runs of our cells (`;`-separated W&B run names of the training
+    runs, whose evaluation runs are <run>_eval_<benchmark>) to find them in W&B."""
     records = []
-    for desc, values, source in rows:
-        for col, cell in zip(spec["columns"], values):
+    for r in rows:
+        for col, cell in zip(spec["columns"], r.values):
             for metric, _, _ in METRICS:
                 stat = cell[metric] if cell else Stat(math.nan)
-                records.append(desc + [source.split(" ")[0], col["train_set"], col["benchmark"], metric,
-                                       stat.mean, stat.std, stat.ci_low, stat.ci_high, stat.n])
-    return pd.DataFrame(records, columns=DESCRIPTORS[spec["layout"]] + ["Source"] + NUMERIC_COLUMNS)
+                records.append(r.descriptors + [r.source.split(" ")[0], r.method_key, col["train_set"], col["benchmark"],
+                                                metric, stat.mean, stat.std, stat.ci_low, stat.ci_high, stat.n,
+                                                ";".join(cell.get("runs", [])) if cell else ""])
+    return pd.DataFrame(records, columns=DESCRIPTORS[spec["layout"]] + NUMERIC_COLUMNS)
 
 
 def _flat(df: pd.DataFrame) -> pd.DataFrame:
     flat = df.copy()
     flat.columns = [f"{g} {m}".strip() for g, m in df.columns]
     return flat
-
-
-LATEX_SUBS = [("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("#", r"\#"), ("_", r"\_"),
-              ("±", r"$\pm$"), (YES, r"\checkmark"), (NO, r"$\times$")]
-
-
-def latex_escape(text: str) -> str:
-    for old, new in LATEX_SUBS:
-        text = text.replace(old, new)
-    return text
 
 
 def to_latex(df: pd.DataFrame, spec: dict) -> str:
@@ -329,7 +215,7 @@ def to_latex(df: pd.DataFrame, spec: dict) -> str:
     )
 
 
-def write_table(spec: dict, rows: list[tuple[list[str], list, str]], out_dir: str | Path,
+def write_table(spec: dict, rows: list[Row], out_dir: str | Path,
                 notes: list[str] = ()) -> list[Path]:
     out = Path(out_dir)
     paths = [out / f"{spec['name']}.{ext}" for ext in ("csv", "md", "tex")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from bfspo.reporting.tree_show import render_tree
+from bfspo.algorithm.tree_text import render_tree
 
 SAMPLE_TREES = 4
 COLUMNS = ["step", "question_id", "leaves", "correct", "best_length", "backtracks", "tree"]

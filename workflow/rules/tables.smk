@@ -81,6 +81,7 @@ rule report:
         project=WANDB["project"],
         group=lambda wc: wc.table,
         mode=WANDB["mode"],
+        tags=" ".join(shlex.quote(t) for t in WANDB.get("tags", [])),
         wandb_dir=f"{RESULTS}/wandb",
     resources:
         **slurm_resources(),
@@ -88,5 +89,5 @@ rule report:
         CONDA_ENV
     shell:
         "bfspo report --project {params.project:q} --group {params.group:q} --mode {params.mode}"
-        " --tables {input.table:q} --figures {input.figures:q} --wandb-dir {params.wandb_dir}"
+        " --tables {input.table:q} --figures {input.figures:q} --wandb-dir {params.wandb_dir} --wandb-tags {params.tags}"
         " --out {output:q} > {log} 2>&1"

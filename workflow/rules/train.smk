@@ -11,6 +11,7 @@ TRAIN_LOG = "logs/train/{run}.log"
 rule train:
     input:
         data=lambda wc: config["train_sets"][RUNS[wc.run]["train_set"]]["data"],
+        val_data=lambda wc: config["train_sets"][RUNS[wc.run]["train_set"]].get("val_data", []),
         model=lambda wc: model_inputs(RUNS[wc.run]["model"]),
     output:
         f"{RESULTS}/runs/{{run}}/done.json",
