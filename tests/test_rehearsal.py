@@ -38,7 +38,8 @@ def test_derivation_is_pure_and_replaces_only_models_sizes_and_resources():
         assert model == PAPER["models"][name] | {"path": f"results/rehearsal/models/{size}"}
     assert rehearsal["stand_ins"] == {"dir": "results/rehearsal/models"} and rehearsal["results"] == "results/rehearsal"
     assert (rehearsal["benchmarks"]["aime25"]["samples"], rehearsal["benchmarks"]["aime25"]["temperature"]) == (32, 1.0)
-    sizes = {"steps", "limit", "group_size", "train_batch", "mini_batch", "oversample", "max_gen_rounds", "threads"}
+    sizes = {"steps", "limit", "group_size", "train_batch", "mini_batch", "oversample", "max_gen_rounds", "threads",
+             "val_questions"}
     assert {k: v for k, v in rehearsal["train"].items() if k not in sizes} == {
         k: v for k, v in PAPER["train"].items() if k not in sizes}
     assert rehearsal["train"]["engine"] == rehearsal["evaluation"]["engine"] == "vllm"
@@ -86,6 +87,10 @@ def test_rehearsal_plans_the_papers_jobs_plus_the_stand_ins_and_the_check(rehear
     (aime,) = [t for r, t in jobs(out) if r == "evaluate" and "qwen2.5-7b_math_dapo_s0/aime25" in t]
     assert "--samples 32 --temperature 1.0" in aime and "--budget 1024" in aime
     assert "--model results/rehearsal/models/8b" in aime
+    # every W&B run of the rehearsal goes to its own project, tagged (issue 26)
+    tag = {"train": 'wandb_tags=["rehearsal"]', "evaluate": "--wandb-tags rehearsal", "report": "--wandb-tags rehearsal"}
+    logged = [(r, t) for r, t in jobs(out) if r in tag]
+    assert {r for r, _ in logged} == set(tag) and all("bfspo-rehearsal" in t and tag[r] in t for r, t in logged)
 
 
 def _table(tmp_path, name, acc, title=f"T [{NOTE}]"):

@@ -33,7 +33,7 @@ NOTE = "REHEARSAL: tiny stand-in models; the numbers mean nothing"
 # Up to 4 rounds find groups that mix right and wrong answers (the SFT'd stand-in gets about 70%
 # right on its 8 questions).
 TRAIN_SIZE = dict(steps=1, limit=8, group_size=4, train_batch=2, mini_batch=1, oversample=2.0, max_gen_rounds=4,
-                  threads=1)
+                  threads=1, val_questions=2)
 EVAL_LIMIT = 2
 CPU_CLASS = dict(gpus=0, cpus=1, mem_mb=4000, train_runtime=60, eval_runtime=60)
 README = f"""# {NOTE}

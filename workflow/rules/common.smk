@@ -403,6 +403,7 @@ def train_settings(run):
         dict(config.get("train", {}))
         | method.get("train", {})
         | {key: train_set[key] for key in ("val_data", "val_benchmark") if key in train_set}
+        | ({"wandb_tags": WANDB["tags"]} if WANDB.get("tags") else {})
         | dict(
             model=model["path"],
             train_data=train_set["data"],
@@ -417,7 +418,6 @@ def train_settings(run):
             wandb_project=WANDB["project"],
             wandb_group=spec["table"],
             wandb_mode=WANDB["mode"],
-            wandb_tags=WANDB.get("tags", []),
             run_name=run,
             method_key=spec["method"],
             model_label=config["models"][spec["model"]]["label"],
@@ -447,6 +447,6 @@ def eval_args(wildcards):
     if WANDB["mode"] != "disabled":
         table = RUNS[run]["table"] if run in RUNS else ZERO_SHOT_RUNS[run][1]
         args += ["--wandb-project", WANDB["project"], "--wandb-group", table, "--wandb-mode", WANDB["mode"],
-                 "--run-name", f"{run}_eval_{bench}", "--wandb-tags", *WANDB.get("tags", [])]
+                 "--run-name", f"{run}_eval_{bench}"] + (["--wandb-tags", *WANDB["tags"]] if WANDB.get("tags") else [])
     args += ["--meta"] + [f"{k}={v}" for k, v in meta.items()]
     return " ".join(shlex.quote(str(a)) for a in args)

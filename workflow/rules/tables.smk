@@ -81,7 +81,7 @@ rule report:
         project=WANDB["project"],
         group=lambda wc: wc.table,
         mode=WANDB["mode"],
-        tags=" ".join(shlex.quote(t) for t in WANDB.get("tags", [])),
+        tags=" ".join(["--wandb-tags", *map(shlex.quote, WANDB["tags"])] if WANDB.get("tags") else []),
         wandb_dir=f"{RESULTS}/wandb",
     resources:
         **slurm_resources(),
@@ -89,5 +89,5 @@ rule report:
         CONDA_ENV
     shell:
         "bfspo report --project {params.project:q} --group {params.group:q} --mode {params.mode}"
-        " --tables {input.table:q} --figures {input.figures:q} --wandb-dir {params.wandb_dir} --wandb-tags {params.tags}"
+        " --tables {input.table:q} --figures {input.figures:q} --wandb-dir {params.wandb_dir} {params.tags}"
         " --out {output:q} > {log} 2>&1"
