@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from bfspo.errors import BfspoError
@@ -33,6 +34,8 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if not sys.stderr.isatty():  # a log file: no library's tqdm stream either (tqdm reads this on import)
+        os.environ.setdefault("TQDM_DISABLE", "1")
     # Import only the module of the chosen subcommand (and none when asking for top-level help).
     if argv and argv[0] in COMMANDS:
         module, help_text = COMMANDS[argv[0]]

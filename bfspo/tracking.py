@@ -45,12 +45,14 @@ def run_tags(names: dict) -> list[str]:
 
 
 def start(run_dir: Path, config: dict, *, project: str, group: str | None, job_type: str, name: str,
-          mode: str = "offline", enabled: bool = True, tags: list[str] | None = None, footer: bool = True):
+          mode: str = "offline", enabled: bool = True, tags: list[str] | None = None, footer: bool = True,
+          resume: bool = True):
     """A wandb run writing under run_dir/wandb, or None when disabled (or on a non-zero rank).
 
     Its tags are `tags`, or else `run_tags(config)` (a training config carries the workflow's names).
     `footer=False` leaves out wandb's closing panel (the first ten keys in alphabetical order),
-    for runs that print their own summary (`finish(run, summary)`).
+    for runs that print their own summary (`finish(run, summary)`). `resume=False` starts a new W&B
+    run even where run_dir holds one (a job that starts over, such as an SFT, is not a resumption).
     """
     mode = os.environ.get("WANDB_MODE", mode)
     if not enabled or mode == "disabled":
@@ -59,12 +61,33 @@ def start(run_dir: Path, config: dict, *, project: str, group: str | None, job_t
 
     run_dir.mkdir(parents=True, exist_ok=True)
     id_file = run_dir / "wandb_id.txt"
-    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+    run_id = id_file.read_text().strip() if id_file.exists() and resume else uuid.uuid4().hex[:12]
     id_file.write_text(run_id + "\n")
     settings = None if footer else wandb.Settings(max_end_of_run_history_metrics=0, max_end_of_run_summary_metrics=0)
     return wandb.init(project=project, group=group, job_type=job_type, name=name, config=config,
                       dir=str(run_dir), mode=mode, id=run_id, resume="allow", reinit="finish_previous",
                       tags=run_tags(config) if tags is None else tags, settings=settings)
+
+
+def add_arguments(parser, job: str) -> None:
+    """The W&B options of a command whose run is logged only when --wandb-project is given."""
+    parser.add_argument("--wandb-project", help=f"log the {job} to this W&B project (default: no W&B run)")
+    parser.add_argument("--wandb-group", help="W&B group")
+    parser.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"],
+                        help="W&B mode (the WANDB_MODE environment variable wins)")
+    parser.add_argument("--wandb-dir", type=Path, help="where the W&B run is written (default: beside --out-dir)")
+    parser.add_argument("--wandb-tags", nargs="*", default=[], metavar="TAG", help="W&B tags")
+    parser.add_argument("--run-name", help="W&B run name (default: the --out-dir folder's name)")
+
+
+def start_from_arguments(args, config: dict, job_type: str):
+    """The W&B run of `add_arguments`' options (a new run each time), or None without --wandb-project."""
+    if not args.wandb_project:
+        return None
+    out = Path(args.out_dir)
+    return start(args.wandb_dir or out.with_name(out.name + ".wandb"), config, project=args.wandb_project,
+                 group=args.wandb_group, job_type=job_type, name=args.run_name or out.name, mode=args.wandb_mode,
+                 tags=args.wandb_tags, footer=False, resume=False)
 
 
 def log(run, row: dict, step: int | None = None) -> None:
@@ -80,10 +103,12 @@ def table(df):
 
 
 def finish(run, summary: dict | None = None) -> None:
-    """Close the run; first print `summary` (the keys that matter and their last values), one a line."""
+    """Close the run; first put `summary` (the keys that matter, with their last values) in its W&B
+    summary and print it, one key a line."""
     if run is None:
         return
     if summary:
+        run.summary.update(summary)
         width = max(map(len, summary))
         print("W&B run summary:\n" + "\n".join(f"  {k:<{width}}  {_short(v)}" for k, v in summary.items()), flush=True)
     run.finish()

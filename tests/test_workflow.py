@@ -127,7 +127,7 @@ def test_schema_covers_the_trainer_config():
     in_schema = set(schema["$defs"]["train"]["properties"])
     per_run = {"model", "train_data", "benchmark", "budget", "k", "selection", "advantage", "overlong", "seed",
                "tensor_parallel_size", "wandb_project", "wandb_group", "wandb_mode", "run_name", "method_key",
-               "model_label", "tables"}
+               "model_label", "tables", "wandb_tags", "val_data", "val_benchmark"}
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     assert in_schema <= fields, in_schema - fields
     assert per_run <= fields, per_run - fields

@@ -22,12 +22,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.rollout import make_engine
 from bfspo.rollout.base import Completion, RolloutEngine
-from bfspo import runlock
+from bfspo import console, runlock
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl, write_json, write_jsonl
 from bfspo.evaluation.metrics import bootstrap_ci
@@ -231,17 +230,20 @@ def evaluate(args) -> int:
     batch_ids = [[rows[i]["id"] for i in batch] for batch in batches]
     progress = Progress(args.out_dir, settings, batch_ids)
     todo = [k for k in range(len(batches)) if k not in progress.done]
-    bar = tqdm(total=sum(len(batches[k]) for k in todo) * samples, desc=f"evaluate {benchmark.name}", unit="seq")
+    bar = console.bar(total=sum(len(batches[k]) for k in todo) * samples, desc=f"evaluate {benchmark.name}", unit="seq")
     with bar:
-        for k in todo:
+        for n, k in enumerate(todo, 1):
             batch = batches[k]
             start = time.perf_counter()
             results = engine.generate([prompts[i] for i in batch], samples, budget, temperature=temperature,
                                       seed=args.seed + sum(len(b) for b in batches[:k]))
             seconds = time.perf_counter() - start
-            progress.record(k, batch_ids[k], seconds,
-                            score(benchmark, [rows[i] for i in batch], results, tokenizer))
+            scored_batch = score(benchmark, [rows[i] for i in batch], results, tokenizer)
+            progress.record(k, batch_ids[k], seconds, scored_batch)
             bar.update(len(batch) * samples)
+            console.line(f"evaluate {benchmark.name}: batch {n}/{len(todo)} | {len(batch)} questions x {samples} | "
+                         f"acc {np.mean([s['correct'] for s in scored_batch]):.3f} | "
+                         f"len {np.mean([s['num_tokens'] for s in scored_batch]):.1f} | {seconds:.1f} s")
 
     by_id = {row["id"]: [] for row in rows}
     for record in progress.done.values():

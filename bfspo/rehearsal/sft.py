@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
+from bfspo import tracking
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_dir, read_jsonl, write_json
 from bfspo.rehearsal.stand_in import parse_data
@@ -41,8 +42,10 @@ def sft_rows(data: dict[str, Path], questions: int) -> list[dict]:
     return rows
 
 
-def build(model_dir: Path, data: dict[str, Path], questions: int, out_dir: Path, cfg: SFTConfig = CONFIG) -> dict:
-    """Fine-tune the model of `model_dir` on `sft_rows` and save it, with sft.json, to `out_dir`."""
+def build(model_dir: Path, data: dict[str, Path], questions: int, out_dir: Path, cfg: SFTConfig = CONFIG,
+          run=None) -> dict:
+    """Fine-tune the model of `model_dir` on `sft_rows` (logged to the W&B `run`, if any) and save it,
+    with sft.json, to `out_dir`."""
     import torch
 
     from bfspo.model_io import load_model
@@ -53,7 +56,7 @@ def build(model_dir: Path, data: dict[str, Path], questions: int, out_dir: Path,
     rows = sft_rows(data, questions)
     model, tokenizer = load_model(str(model_dir), device="cpu", dtype=torch.float32)
     examples = [encode(tokenizer, r, r["benchmark"]) for r in rows]
-    losses = train(model, examples, tokenizer.pad_token_id, cfg, name="stand-in sft")
+    losses = train(model, examples, tokenizer.pad_token_id, cfg, name="stand-in sft", run=run)
     summary = fit_summary(model, cfg, rows, losses, t0) | {
         "stand_in": True, "base": str(model_dir), "questions": {b: questions for b in data}, "target": TARGET}
     with atomic_dir(out_dir) as tmp:
@@ -71,6 +74,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=CONFIG.steps)
     parser.add_argument("--seed", type=int, default=CONFIG.seed)
+    tracking.add_arguments(parser, "fine-tuning (losses and learning rate per step, sft/)")
 
 
 def run(args) -> int:
@@ -79,7 +83,10 @@ def run(args) -> int:
     if not (args.model / "config.json").is_file():
         raise BfspoError(f"{args.model} is not a model directory (no config.json)")
     cfg = replace(CONFIG, steps=args.steps, seed=args.seed)
-    info = build(args.model, parse_data(args.data), args.questions, args.out_dir, cfg)
+    run = tracking.start_from_arguments(args, asdict(cfg) | {"base": str(args.model), "questions": args.questions},
+                                        "sft")
+    info = build(args.model, parse_data(args.data), args.questions, args.out_dir, cfg, run=run)
+    tracking.finish(run, {k: info[k] for k in ("parameters", "loss_first", "loss_last", "wall_s")})
     print(f"stand-in sft -> {args.out_dir}: {info['train_rows']} rows, {cfg.steps} steps, "
           f"loss {info['loss_first']:.3f} -> {info['loss_last']:.3f} in {info['wall_s']:.0f} s")
     return 0

@@ -52,6 +52,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     for name, field in SFTConfig.__dataclass_fields__.items():
         build.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), default=None,
                            help=f"override the size's {name}")
+    from bfspo import tracking
+
+    tracking.add_arguments(build, "fine-tuning (losses and learning rate per step, sft/)")
 
     forms = sub.add_parser("forms", help="how verbose a toy model's answers are (from `bfspo evaluate` output)")
     forms.add_argument("eval_dirs", nargs="+", type=Path, help="output directories of `bfspo evaluate`")
@@ -98,6 +101,9 @@ def _run_data(args) -> int:
 
 
 def _run_build(args) -> int:
+    from dataclasses import asdict
+
+    from bfspo import tracking
     from bfspo.toy.sft import SFTConfig, build, config_for
 
     rows = []
@@ -107,7 +113,10 @@ def _run_build(args) -> int:
                 raise BfspoError(f"{args.train}:{lineno}: field {key!r} missing or not a string")
         rows.append(row)
     overrides = {name: getattr(args, name) for name in SFTConfig.__dataclass_fields__}
-    summary = build(rows, config_for(args.size, **overrides), args.out_dir)
+    cfg = config_for(args.size, **overrides)
+    run = tracking.start_from_arguments(args, asdict(cfg) | {"size": args.size, "train_rows": len(rows)}, "sft")
+    summary = build(rows, cfg, args.out_dir, run=run)
+    tracking.finish(run, {k: summary[k] for k in ("parameters", "loss_first", "loss_last", "wall_s")})
     print(f"bfspo toy build: {summary['parameters']} parameters, loss {summary['loss_first']:.3f} -> "
           f"{summary['loss_last']:.3f} in {summary['wall_s']:.0f} s; saved {args.out_dir}")
     return 0

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from bfspo import console, tracking
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_dir, write_json
 from bfspo.tasks.prompts import prompt_ids, user_message
@@ -128,11 +129,11 @@ def batches(lengths: Sequence[int], batch_size: int, rng: random.Random) -> Iter
 
 
 def train(model, examples: Sequence[tuple[list[int], int]], pad_id: int, cfg: SFTConfig,
-          name: str = "toy sft") -> list[float]:
+          name: str = "toy sft", run=None) -> list[float]:
     """Full fine-tuning for cfg.steps steps; returns the training loss of every step (`name` labels
-    the progress bar and errors)."""
+    the progress lines, the bar on a terminal and errors). Each step's loss and learning rate go to
+    the W&B `run`, if any (sft/)."""
     import torch
-    from tqdm import tqdm
 
     device = sft_device(cfg.device)
     model.to(device)
@@ -140,8 +141,8 @@ def train(model, examples: Sequence[tuple[list[int], int]], pad_id: int, cfg: SF
     stream = batches([len(ids) for ids, _ in examples], cfg.batch_size, random.Random(cfg.seed))
     losses = []
     model.train()
-    bar = tqdm(range(cfg.steps), desc=name, unit="step")
-    for step in bar:
+    bar, every, t0 = console.bar(total=cfg.steps, desc=name, unit="step"), console.every(cfg.steps), time.perf_counter()
+    for step in range(cfg.steps):
         input_ids, mask, labels = (t.to(device) for t in collate([examples[i] for i in next(stream)], pad_id))
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
         if not torch.isfinite(loss):
@@ -153,7 +154,13 @@ def train(model, examples: Sequence[tuple[list[int], int]], pad_id: int, cfg: SF
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        tracking.log(run, {"sft/loss": losses[-1], "sft/lr": lr_at(step, cfg)}, step=step + 1)
+        bar.update(1)
+        if (step + 1) % every == 0 or step + 1 == cfg.steps:
+            recent = losses[-every:]
+            console.line(f"{name}: step {step + 1}/{cfg.steps} | loss {sum(recent) / len(recent):.3f} "
+                         f"| lr {lr_at(step, cfg):.2e} | {time.perf_counter() - t0:.0f} s")
+    bar.close()
     model.to("cpu").eval()
     return losses
 
@@ -171,8 +178,9 @@ def sft_device(name: str):
     return torch.device(name)
 
 
-def build(rows: Sequence[dict], cfg: SFTConfig, out_dir: str | Path) -> dict:
-    """Train the tokenizer, build the model, fine-tune it on `rows` and save the model directory.
+def build(rows: Sequence[dict], cfg: SFTConfig, out_dir: str | Path, run=None) -> dict:
+    """Train the tokenizer, build the model, fine-tune it on `rows` (logged to the W&B `run`, if
+    any) and save the model directory.
 
     The directory is written under a temporary name and renamed into place at the end, with
     `sft.json` (config, losses, wall time) inside: a half-built model never looks finished.
@@ -192,7 +200,7 @@ def build(rows: Sequence[dict], cfg: SFTConfig, out_dir: str | Path) -> dict:
                       kv_heads=cfg.kv_heads, intermediate_size=cfg.intermediate_size or None,
                       max_positions=1024, seed=cfg.seed)
     examples = [encode(tokenizer, r) for r in rows]
-    losses = train(model, examples, tokenizer.pad_token_id, cfg)
+    losses = train(model, examples, tokenizer.pad_token_id, cfg, run=run)
     with atomic_dir(out_dir) as tmp:
         save_model_dir(model, tokenizer, tmp)
         check_reload(tmp, examples[:50], rows[:50])

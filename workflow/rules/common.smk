@@ -430,6 +430,16 @@ def train_args(wildcards):
     return " ".join(f"--set {shlex.quote(f'{k}={_cli_value(v)}')}" for k, v in train_settings(wildcards.run).items())
 
 
+def sft_wandb_args(name):
+    """`--wandb-*` options of an SFT job (`bfspo toy build`, `bfspo stand-in-sft`): a W&B run called
+    `name` in group `sft`, written to {RESULTS}/wandb/<name>; none when W&B is disabled."""
+    if WANDB["mode"] == "disabled":
+        return ""
+    args = ["--wandb-project", WANDB["project"], "--wandb-group", "sft", "--wandb-mode", WANDB["mode"],
+            "--wandb-dir", f"{RESULTS}/wandb/{name}", "--run-name", name]
+    return " ".join(shlex.quote(a) for a in args + (["--wandb-tags", *WANDB["tags"]] if WANDB.get("tags") else []))
+
+
 def eval_args(wildcards):
     """`bfspo evaluate` options of one (run, benchmark): model, adapter, protocol, meta."""
     run, bench = wildcards.run, wildcards.benchmark

@@ -42,13 +42,14 @@ if "stand_ins" in config:
         params:
             data=" ".join(shlex.quote(f"{s['benchmark']}={s['data']}") for s in config["train_sets"].values()),
             questions=config["train"]["limit"],
+            wandb=lambda wc: sft_wandb_args(f"sft-stand-in-{wc.size}"),
         resources:
             **slurm_resources(),
         conda:
             CONDA_ENV
         shell:
             "bfspo stand-in-sft --model {input.model:q} --data {params.data} --questions {params.questions}"
-            " --out-dir {output:q} > {log} 2>&1"
+            " --out-dir {output:q} {params.wandb} > {log} 2>&1"
 
     rule rehearsal_check:
         input:

@@ -32,6 +32,7 @@ if "toy" in config:
             "benchmarks/toy/model.tsv"
         params:
             size=TOY["size"],
+            wandb=sft_wandb_args(f"sft-{Path(TOY['model_dir']).parent.name}"),
         threads: 2
         resources:
             gpu=TOY.get("gpus", 0),
@@ -39,7 +40,7 @@ if "toy" in config:
         conda:
             CONDA_ENV
         shell:
-            "bfspo toy build --train {input:q} --out-dir {output:q} --size {params.size} > {log} 2>&1"
+            "bfspo toy build --train {input:q} --out-dir {output:q} --size {params.size} {params.wandb} > {log} 2>&1"
 
     if "questions" in TOY:
 
