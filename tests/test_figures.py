@@ -98,12 +98,20 @@ def test_a_backtracking_record_without_depth_is_named(tmp_path, capsys):
         backtracking_depths(tmp_path / "r")
 
 
-def test_each_method_has_one_stable_colour():
-    keys = [f"method{i}" for i in range(10)]
-    by_index = [method_colour({"key": k, "color_index": i}) for i, k in enumerate(keys)]
-    assert len(set(by_index)) == 10 and by_index[0] == PALETTE[0]
-    assert method_colour({"key": "dapo", "color": "tab:red", "color_index": 0}) == "#d62728"
-    assert method_colour({"key": "dapo"}) == method_colour({"key": "dapo"}) in PALETTE
+def test_each_method_key_has_one_colour_in_every_config():
+    """A key means one colour whatever the config (issue 26: orange was K=1 in one config and
+    "prompts" in another), the shipped keys all differ, and other keys avoid theirs."""
+    import yaml
+
+    from bfspo.reporting.style import METHOD_COLOURS
+
+    root = Path(__file__).resolve().parents[1]
+    keys = {k for f in (root / "config").glob("*.yaml") for k in yaml.safe_load(f.read_text())["methods"]}
+    assert keys <= set(METHOD_COLOURS) and len(set(METHOD_COLOURS.values())) == len(METHOD_COLOURS)
+    assert method_colour({"key": "dapo"}) == "#1f77b4" and method_colour({"key": "bfspo"}) == "#d62728"
+    assert method_colour({"key": "dapo", "color": "tab:red"}) == "#d62728"
+    other = method_colour({"key": "my-variant"})
+    assert other == method_colour({"key": "my-variant"}) in PALETTE and other not in METHOD_COLOURS.values()
     assert method_colour({"key": "zero-shot"}) == ZERO_SHOT_COLOUR
 
 
@@ -116,3 +124,13 @@ def test_curves_are_ema_smoothed_per_seed():
     a = EMA_ALPHA  # pandas' adjusted EMA: weights (1 - a)^i, normalised
     assert smooth.loc[2, 0] == pytest.approx((1.0 + (1 - a) * 0.0) / (1 + (1 - a)))
     assert smooth[1].dropna().tolist() == [1.0, 1.0]
+
+
+def test_pareto_points_carry_the_tables_95_percent_interval():
+    """One seed: the summary's interval over questions; several: the bootstrap over seeds (issue 26:
+    the single-seed plot showed no uncertainty, its std being undefined)."""
+    from bfspo.reporting.figures import interval_err
+    from bfspo.reporting.summaries import Stat
+
+    assert interval_err(Stat(60.0, float("nan"), 1, 56.0, 65.0)) == [[4.0], [5.0]]
+    assert interval_err(Stat(60.0)) is None

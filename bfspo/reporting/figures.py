@@ -3,17 +3,20 @@
     bfspo figures --spec JSON --summaries S.json ... [--runs-dir results/runs] [--reported CSV] --out-dir DIR
 
   pareto_<train set>_<benchmark>   accuracy against average length, one panel per model: every
-                                   method of ours (mean ± std over seeds), the paper's and the
-                                   reported numbers as hollow markers, and the Pareto front of ours
-                                   (no other point is both shorter and at least as accurate);
+                                   method of ours (the mean over seeds, with the table's 95%
+                                   interval: over seeds, or over questions for a single seed), the
+                                   paper's and the reported numbers as hollow markers, and the
+                                   Pareto front of ours (no other point is both shorter and at
+                                   least as accurate);
   curves_<model>_<train set>       reward, accuracy and mean length against step, one line per
                                    method: the EMA-smoothed mean over seeds (bfspo.reporting.style)
                                    over a faint raw line, with a ± std band over seeds, from each
                                    run's metrics.jsonl;
   backtracking_<model>_<train set> where the search backtracked, one row of panels per method: the
-                                   depth of each backtracking token, in tokens and relative to its
-                                   path's length, from the runs' trees/*.jsonl ("backtracking"
-                                   records of SearchTree.to_dict);
+                                   share of backtracking tokens per bin of depth, in tokens and
+                                   relative to its path's length (so methods with more trees
+                                   compare), from the runs' trees/*.jsonl ("backtracking" records
+                                   of SearchTree.to_dict);
   paired                           (the `paired` layout only) each method minus the first, seed by
                                    seed, with the paired table's mean and 95% interval, per column
                                    and metric, and the step-time ratio (bfspo/reporting/paired.py).
@@ -36,7 +39,7 @@ import pandas as pd
 
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl
-from bfspo.reporting.style import EMA_ALPHA, ema, method_colour
+from bfspo.reporting.style import BAND_ALPHA, EMA_ALPHA, ema, method_colour
 from bfspo.reporting.summaries import ZERO_SHOT, aggregate, load_reported, load_spec, load_summaries, score
 
 CURVES = [("rollout/reward_mean", "reward"), ("rollout/accuracy", "accuracy (first samples)"),
@@ -111,8 +114,8 @@ def pareto_figures(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame, 
                 if cell is None:
                     continue
                 acc, length = cell["acc"], cell["avg_len"]
-                ax.errorbar(length.mean, acc.mean, xerr=length.std, yerr=acc.std, fmt="o", capsize=3,
-                            color=colours[key], label=labels[key])
+                ax.errorbar(length.mean, acc.mean, xerr=interval_err(length), yerr=interval_err(acc), fmt="o",
+                            capsize=3, color=colours[key], label=labels[key])
                 points.append((length.mean, acc.mean))
                 names.append(key)
             if points:
@@ -127,7 +130,8 @@ def pareto_figures(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame, 
                 tag = r.method + (f" r={r.ratio:.1f}" if not pd.isna(r.ratio) else "") + (f" K={int(r.K)}" if not pd.isna(r.K) else "")
                 ax.scatter(r.avg_len, r.acc, facecolors="none", edgecolors="grey", s=30)
                 ax.annotate(tag, (r.avg_len, r.acc), fontsize=6, color="grey", xytext=(3, 3), textcoords="offset points")
-            ax.set_title(f"{model['label']}: {col['label']} (trained on {col.get('train_label', col['train_set'])})", fontsize=9)
+            ax.set_title(f"{model['label']}: {col['label']} (trained on {col.get('train_label', col['train_set'])})\n"
+                         "bars: 95% interval (over seeds; one seed: over questions)", fontsize=9)
             ax.set_xlabel("average length (tokens)")
             ax.set_ylabel("accuracy (%)")
             ax.grid(alpha=0.3)
@@ -135,6 +139,13 @@ def pareto_figures(spec: dict, summaries: pd.DataFrame, reported: pd.DataFrame, 
                 ax.legend(fontsize=7)
         paths += _save(fig, out_dir, f"pareto_{col['train_set']}_{col['benchmark']}")
     return paths
+
+
+def interval_err(stat) -> list[list[float]] | None:
+    """An error bar from a cell's 95% interval: [[below], [above]] the mean, or None without one."""
+    if math.isnan(stat.ci_low) or math.isnan(stat.ci_high):
+        return None
+    return [[max(stat.mean - stat.ci_low, 0.0)], [max(stat.ci_high - stat.mean, 0.0)]]
 
 
 def _trained_runs(spec: dict, summaries: pd.DataFrame, runs_dir: Path) -> pd.DataFrame:
@@ -180,9 +191,11 @@ def curve_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
                 colour, mean = colours[method], smooth.mean(axis=1)
                 ax.plot(raw.index, raw.mean(axis=1), color=colour, alpha=0.25, lw=0.8)
                 ax.plot(mean.index, mean, color=colour, lw=1.8, label=f"{labels[method]} ({raw.shape[1]} seed{'s' if raw.shape[1] > 1 else ''})")
-                if raw.shape[1] > 1:
+                if raw.shape[1] > 1:  # a light band with its edges drawn: overlapping bands keep both hues
                     sd = smooth.std(axis=1)
-                    ax.fill_between(mean.index, mean - sd, mean + sd, color=colour, alpha=0.2, lw=0)
+                    ax.fill_between(mean.index, mean - sd, mean + sd, color=colour, alpha=BAND_ALPHA, lw=0)
+                    for edge in (mean - sd, mean + sd):
+                        ax.plot(mean.index, edge, color=colour, lw=0.6, alpha=0.6, ls=":")
                 drawn = True
         for ax, (_, name) in zip(axes, CURVES):
             ax.set_xlabel("step")
@@ -204,7 +217,10 @@ def curve_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
 def paired_figures(spec: dict, summaries: pd.DataFrame, runs_dir: Path, out_dir: Path) -> list[Path]:
     """The `paired` layout's figure: per panel (column x metric, and the step-time ratio), each
     seed's difference from the first method (dots) and the paired table's mean with its 95%
-    interval (bar), one colour per method (bfspo/reporting/paired.py)."""
+    interval (bar), one colour per method (bfspo/reporting/paired.py). Each panel's axis names its
+    unit; the legend sits below the panels, where it hides no point."""
+    from matplotlib.lines import Line2D
+
     from bfspo.reporting.paired import METRICS, paired_table, per_seed
 
     seeds, _ = per_seed(spec, score(summaries), runs_dir)
@@ -231,16 +247,25 @@ def paired_figures(spec: dict, summaries: pd.DataFrame, runs_dir: Path, out_dir:
             if len(row):
                 r = row.iloc[0]
                 ax.errorbar([i], [r["diff"]], yerr=[[r["diff"] - r.ci_low], [r.ci_high - r["diff"]]], fmt="o",
-                            color=colours[method["key"]], capsize=3, label=method["label"])
+                            color=colours[method["key"]], capsize=3)
         ax.set_xticks([])
         ax.set_xlim(-0.5, len(spec["methods"]) - 1.5)
-        ax.set_title("step time: ratio" if col is None else f"{col['label']}\n{metric[1]}", fontsize=8)
+        ax.set_title("step time" if col is None else f"{col['label']}\n{metric[1]}", fontsize=8)
+        ax.set_ylabel(PAIRED_UNITS["step" if col is None else metric[0]], fontsize=8)
+        ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"{spec['title']}: each method minus {base['label']} per seed (dots), mean and paired-bootstrap "
-                 f"95% interval (bar); step time: {base['label']}'s over the method's", fontsize=9)
-    fig.tight_layout()
+    handles = [Line2D([], [], color=colours[m["key"]], marker="o", lw=1.5, label=f"{m['label']}: mean, 95% interval")
+               for m in spec["methods"][1:]]
+    handles.append(Line2D([], [], color="grey", marker="o", ls="", ms=3, alpha=0.6, label="one seed's difference"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
+    fig.suptitle(f"{spec['title']}: each method minus {base['label']}, seed by seed (paired)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return _save(fig, out_dir, "paired")
+
+
+# the y axis of each panel of the paired figure
+PAIRED_UNITS = {"acc": "difference (percentage points)", "avg_len": "difference (tokens)", "aes": "difference (AES)",
+                "step": "ratio of median step times (x; > 1: faster)"}
 
 
 def backtracking_depths(run_dir: Path) -> tuple[list[float], list[float]]:
@@ -259,8 +284,6 @@ def backtracking_depths(run_dir: Path) -> tuple[list[float], list[float]]:
 
 def backtracking_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Small multiples: one row per searching method, depth in tokens (left) and relative (right)."""
-    from matplotlib.ticker import MaxNLocator
-
     plt = _pyplot()
     labels, colours = _method_labels(spec), _colours(spec)
     model_labels, train_labels = _labels_of(spec)
@@ -279,20 +302,23 @@ def backtracking_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[
         if not series:
             print(f"no logged trees for {model} / {train_set}: no backtracking histogram", file=sys.stderr)
             continue
-        fig, axes = plt.subplots(len(series), 2, figsize=(9, 1.7 * len(series) + 0.9), sharex="col", squeeze=False)
+        fig, axes = plt.subplots(len(series), 2, figsize=(9, 1.7 * len(series) + 0.9), sharex="col", sharey="col", squeeze=False)
         top = max(max(d) for d, _ in series.values())
         for (ax1, ax2), (method, (depths, relative)) in zip(axes, series.items()):
             colour = colours[method]
-            ax1.hist(depths, bins=np.linspace(0, top, 31), color=colour, alpha=0.8)
-            ax2.hist(relative, bins=np.linspace(0, 1, 21), color=colour, alpha=0.8)
-            ax1.set_ylabel(f"{labels[method]}\n(n={len(depths)})", fontsize=8)
+            ax1.hist(depths, bins=np.linspace(0, top, 31), weights=np.full(len(depths), 1 / len(depths)),
+                     color=colour, alpha=0.8)
+            ax2.hist(relative, bins=np.linspace(0, 1, 21), weights=np.full(len(relative), 1 / max(len(relative), 1)),
+                     color=colour, alpha=0.8)
+            ax1.set_ylabel(f"{labels[method]}\nshare (n={len(depths)})", fontsize=8)
+            ax2.set_ylabel("share", fontsize=8)
             for ax in (ax1, ax2):
                 ax.grid(alpha=0.3)
                 ax.tick_params(labelsize=7)
-                ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         axes[-1][0].set_xlabel("backtracking depth (tokens from the prompt)")
         axes[-1][1].set_xlabel("backtracking depth / length of its path")
-        axes[0][0].set_title("count of backtracking tokens", fontsize=8)
+        axes[0][0].set_title("share of the method's backtracking tokens per bin", fontsize=8)
+        axes[0][1].set_title("share per bin of relative depth", fontsize=8)
         fig.suptitle(f"Backtracking positions: {model_labels.get(model, model)}, "
                      f"trained on {train_labels.get(train_set, train_set)}", fontsize=10)
         fig.tight_layout()

@@ -202,7 +202,6 @@ def table_spec(table):
                     advantage=config["methods"][m].get("advantage", "branch"),
                     overlong=config["methods"][m].get("overlong", True),
                     color=config["methods"][m].get("color"),
-                    color_index=list(config["methods"]).index(m),
                 )
                 for m in spec["methods"]
             ],
