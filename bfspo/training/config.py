@@ -11,6 +11,7 @@ A config is a YAML mapping of these fields; `key=value` overrides are parsed as 
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -243,6 +244,22 @@ def _is_int(value) -> bool:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def config_help(width: int = 100) -> str:
+    """Every TrainConfig key with its type, default and help text (`bfspo train --help`)."""
+    lines = ["config keys (in --config, or --set KEY=VALUE):"]
+    for f in fields(TrainConfig):
+        if f.default is not MISSING:
+            default = f"default {f.default!r}"
+        elif f.default_factory is not MISSING:
+            default = f"default {f.default_factory()!r}"
+        else:
+            default = "required"
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        lines.append(f"  {f.name} ({kind}; {default})")
+        lines += textwrap.wrap(f.metadata["help"], width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines)
 
 
 def parse_overrides(pairs: list[str]) -> dict:

@@ -456,7 +456,11 @@ def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> bool:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML file of TrainConfig fields (see bfspo/training/config.py)")
+    from bfspo.training.config import config_help
+
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = config_help()
+    p.add_argument("--config", help="YAML file of TrainConfig fields (the keys below)")
     p.add_argument("--set", nargs="+", default=[], action="extend", metavar="KEY=VALUE",
                    help="override config fields, e.g. --set k=3 advantage=global")
     p.add_argument("--output-dir", required=True, help="run directory (resumed if it holds a checkpoint)")
