@@ -26,6 +26,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -166,10 +167,18 @@ def read_run(folder: Path) -> dict:
 
 def last_logged_step(run) -> int:
     """The last history step held by the earlier fragments of `run` (its other folders under the same
-    wandb/ folder with its id); 0 for none, or for no run."""
+    wandb/ folder with its id); 0 for none, or for no run. A fragment wandb cannot read back is
+    skipped, with a warning: training goes on, and W&B may get those steps twice."""
     if run is None:
         return 0
-    own = Path(run.settings.sync_dir).resolve()
-    steps = [item["_step"] for folder in run_folders(own.parent)
-             if folder.resolve() != own and folder_run_id(folder) == run.id for item in read_run(folder)["history"]]
-    return int(max(steps, default=0))
+    own, last = Path(run.settings.sync_dir).resolve(), 0
+    for folder in run_folders(own.parent):
+        if folder.resolve() == own or folder_run_id(folder) != run.id:
+            continue
+        try:
+            history = read_run(folder)["history"]
+        except BfspoError as e:
+            print(f"warning: {e}; its steps may be sent to W&B again", file=sys.stderr, flush=True)
+            continue
+        last = max([last, *(int(item["_step"]) for item in history)])
+    return last
