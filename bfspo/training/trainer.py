@@ -347,7 +347,7 @@ class Trainer:
                 console.line(step_metrics.step_line(row, cfg.steps))
             if stop:
                 console.line(f"SIGTERM: stopped after step {self.step}, checkpoint saved; "
-                           "the same command resumes the run")
+                             "the same command resumes the run")
                 raise SystemExit(128 + signal.SIGTERM)
         signal.signal(signal.SIGTERM, previous)
         bar.close()
