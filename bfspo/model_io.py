@@ -2,7 +2,9 @@
 
 Precision follows the paper's setting: bfloat16 on CUDA, float32 on CPU. Every way a user can
 point at the wrong thing (a missing path, a folder that holds no model, a hub id that is not in the
-cache while offline, an adapter trained on another base model) is a BfspoError naming it.
+cache while offline, an adapter trained on another base model) is a BfspoError naming it. So is a
+model whose weights do not match its config.json (keys missing, unexpected or of another shape, as
+transformers' loading report lists them): loaded anyway, it would be partly random.
 """
 
 from __future__ import annotations
@@ -50,12 +52,17 @@ def check_model_source(name: str) -> None:
 
 
 def _from_pretrained(loader, name: str, **kw):
-    """Call a transformers `from_pretrained`, turning a missing, uncached or unreadable model into a
-    BfspoError (for a local folder: what is wrong with it, e.g. no weights or a truncated file)."""
+    """Call a transformers `from_pretrained`, turning a missing, uncached, unreadable or inconsistent
+    model into a BfspoError (for a local folder: what is wrong with it, e.g. no weights, a truncated
+    file, or a config.json whose fields contradict each other)."""
+    from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
 
     try:
         return loader.from_pretrained(name, **kw)
+    except StrictDataclassError as e:  # e.g. num_hidden_layers 3 but 2 layer_types
+        reason = str(e).strip().splitlines()[-1].strip().removeprefix("ValueError: ")
+        raise BfspoError(f"{name}: its config.json contradicts itself ({reason})") from None
     except SafetensorError as e:
         files = ", ".join(sorted(p.name for p in Path(name).expanduser().glob("*.safetensors"))) or "a weights file"
         raise BfspoError(f"{name}: {files}: damaged or truncated ({e}); copy the model again") from None
@@ -119,17 +126,51 @@ def load_config(name: str):
     return _from_pretrained(AutoConfig, name)
 
 
+def _check_loading_info(name: str, info: dict) -> None:
+    """BfspoError unless transformers' loading report of `name` is clean: no weight missing (it would be
+    random), unexpected (the config describes another model) or of another shape. transformers has
+    already dropped what the architecture allows: a tied lm_head, rotary buffers and the like."""
+    missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+    mismatched = sorted(info["mismatched_keys"])
+    problems = [f"{len(keys)} {what} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
+                for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
+    if mismatched:
+        key, found, expected = mismatched[0]
+        problems.append(f"{len(mismatched)} of another shape ({key} is {list(found)} in the weights, "
+                        f"{list(expected)} in the model its config.json describes"
+                        f"{', ...' if len(mismatched) > 1 else ''})")
+    if problems:
+        raise BfspoError(f"{name}: its weights do not match its config.json: {'; '.join(problems)} weight "
+                         "tensor(s). A model loaded from them would be partly random; copy the model folder again "
+                         "or fix its config.json")
+
+
+def check_weights(name: str) -> None:
+    """Check that the weights of model `name` match its config.json (see `_check_loading_info`), without
+    loading them: the model is built on the meta device. For engines that load the weights themselves."""
+    from transformers import AutoModelForCausalLM
+
+    check_model_source(name)
+    _, info = _from_pretrained(AutoModelForCausalLM, name, device_map="meta", output_loading_info=True,
+                               ignore_mismatched_sizes=True)
+    _check_loading_info(name, info)
+
+
 def load_model(name: str, adapter: str | None = None, *, device: str | torch.device | None = None,
                dtype: torch.dtype | None = None, trainable: bool = False):
     """Return (model, tokenizer). With `adapter`, the model is a peft PeftModel (frozen unless
-    `trainable`). The model is in eval mode on `device` (default: CUDA if present, else CPU)."""
+    `trainable`). The model is in eval mode on `device` (default: CUDA if present, else CPU).
+    Weights that do not match the config (missing, unexpected, another shape) are a BfspoError."""
     from transformers import AutoModelForCausalLM
 
     device = torch.device(device) if device is not None else default_device()
     if adapter is not None:
         check_adapter(adapter, name)
     tokenizer = load_tokenizer(name)
-    model = _from_pretrained(AutoModelForCausalLM, name, dtype=dtype or default_dtype(device)).to(device)
+    model, info = _from_pretrained(AutoModelForCausalLM, name, dtype=dtype or default_dtype(device),
+                                   output_loading_info=True, ignore_mismatched_sizes=True)
+    _check_loading_info(name, info)
+    model = model.to(device)
     if adapter is not None:
         from peft import PeftModel
 
