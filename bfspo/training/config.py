@@ -11,6 +11,7 @@ A config is a YAML mapping of these fields; `key=value` overrides are parsed as 
 
 from __future__ import annotations
 
+import math
 import textwrap
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -33,10 +34,15 @@ OBSERVATION_FIELDS = frozenset({"threads", "save_every", "log_trees", "wandb_pro
                                 "val_data", "val_benchmark", "val_questions"})
 
 
-# The float fields: what a valid value is (NaN fails every comparison, so it is refused too).
+MAX_LR = 1.0
+MAX_WEIGHT_DECAY = 1.0
+MAX_OVERSAMPLE = 100.0
+
+# The float fields: what a valid value is, besides finite (NaN fails every comparison, and an
+# infinite value is never meant). The upper bounds on lr and weight_decay are argued in their help.
 _NUMBER_BOUNDS = {
-    "lr": (lambda v: v > 0, "> 0"),
-    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    "lr": (lambda v: 0 < v <= MAX_LR, f"> 0 and at most {MAX_LR:g}"),
+    "weight_decay": (lambda v: 0 <= v <= MAX_WEIGHT_DECAY, f">= 0 and at most {MAX_WEIGHT_DECAY:g}"),
     "max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
     "eps_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "eps_high": (lambda v: v >= 0, ">= 0"),
@@ -44,7 +50,8 @@ _NUMBER_BOUNDS = {
     "temperature": (lambda v: v > 0, "> 0"),
     "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "oversample": (lambda v: v >= 1, ">= 1 (questions generated per question needed)"),
+    "oversample": (lambda v: 1 <= v <= MAX_OVERSAMPLE,
+                   f">= 1 and at most {MAX_OVERSAMPLE:g} (questions generated per question needed)"),
 }
 
 
@@ -89,19 +96,28 @@ class TrainConfig:
     mini_batch: int = field(default=32, metadata={"help": "Mini-batch size (one optimizer step) in batch_unit."})
     oversample: float = field(default=3.0, metadata={
         "help": "Dynamic sampling: each generation round asks for this many times the questions the missing "
-                "chains need (verl's DAPO recipe generates for 3x its training prompts)."})
+                "chains need (verl's DAPO recipe generates for 3x its training prompts); at most "
+                f"{MAX_OVERSAMPLE:g}, where one round already generates for a hundred batches."})
     max_gen_rounds: int = field(default=10, metadata={
         "help": "Dynamic sampling: most generation rounds spent filling one batch (verl's DAPO recipe: 10); a batch "
                 "still short after them is trained as it is and logged with batch_full 0."})
     max_empty_steps: int = field(default=5, metadata={
         "help": "Stop with an error after this many consecutive batches in which every tree was filtered out."})
-    lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate (constant, no schedule)."})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
+    lr: float = field(default=1e-6, metadata={
+        "help": f"AdamW learning rate (constant, no schedule), at most {MAX_LR:g}: Adam moves each weight by about lr "
+                "per step whatever the gradient's scale, so a larger lr moves weights of typical size (0.01-0.1) by "
+                "10-100 times their size in one step (RL with LoRA uses 1e-6 to 1e-4)."})
+    weight_decay: float = field(default=0.01, metadata={
+        "help": f"AdamW (decoupled) weight decay, at most {MAX_WEIGHT_DECAY:g}: each step multiplies the weights by "
+                "1 - lr * weight_decay, which then stays in [0, 1) (with lr <= 1), so decay never flips a weight's "
+                "sign or grows it (the usual values are 0 to 0.1)."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (verl's DAPO default); 0 disables."})
     eps_low: float = field(default=0.2, metadata={"help": "Lower clipping range epsilon_l (Eq. 2, 10)."})
     eps_high: float = field(default=0.28, metadata={"help": "Upper clipping range epsilon_h (Eq. 2, 10)."})
     max_nonfinite: int = field(default=3, metadata={
-        "help": "NaN/inf losses are skipped and counted; the run stops when the count exceeds this."})
+        "help": "Optimizer steps with a NaN/inf loss or gradient, or whose update would make a weight NaN/inf, are "
+                "skipped (the weights and optimizer state stay as they were) and counted; the run stops when the "
+                "count exceeds this."})
 
     # --- LoRA -------------------------------------------------------------------------------------
     lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
@@ -180,6 +196,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not _is_number(value) or not ok(value):
                 raise BfspoError(f"config: {name} must be a number {bounds}, got {value!r}")
+            if not math.isfinite(value):
+                raise BfspoError(f"config: {name} must be a finite number {bounds}, got {value!r}")
         if isinstance(self.log_trees, bool) or not _is_int(self.log_trees) or self.log_trees < -1:
             raise BfspoError(f"config: log_trees must be a number of trees per step, -1 for all of them (was true) or "
                              f"0 for none (was false), got {self.log_trees!r}")
@@ -192,6 +210,10 @@ class TrainConfig:
         if self.train_batch % self.mini_batch:
             raise BfspoError(f"config: train_batch ({self.train_batch}) must be a multiple of "
                              f"mini_batch ({self.mini_batch})")
+        if self.group_size == 1 and self.k == 0:
+            raise BfspoError("config: group_size 1 with k 0 gives each question a single answer, which dynamic "
+                             "sampling always filters out (it keeps a group only if some but not all answers are "
+                             "right); use group_size >= 2 or k >= 1")
         if self.max_gen_rounds > 64:
             raise BfspoError(f"config: max_gen_rounds must be at most 64 (the rollout seeds leave room for 64 "
                              f"rounds per step), got {self.max_gen_rounds}")
@@ -291,6 +313,14 @@ def load_train_config(path: str | None, overrides: list[str]) -> TrainConfig:
             raise BfspoError(f"{path}: a config must be a YAML mapping of TrainConfig fields")
         values.update(loaded)
     values.update(parse_overrides(overrides))
+    return config_from_values(values)
+
+
+def config_from_values(values: dict) -> TrainConfig:
+    """A TrainConfig from a mapping of its fields, as a YAML config or `--set` overrides give them (a
+    number may come as a string); unknown or missing keys and values of the wrong type are errors.
+    The workflow checks every planned run through this too (bfspo.preflight)."""
+    values = dict(values)
     known = {f.name: f for f in fields(TrainConfig)}
     unknown = sorted(set(values) - set(known))
     if unknown:
