@@ -5,7 +5,8 @@ format) and `state.pt` (optimizer state, step, data cursor, RNG states). It is w
 `checkpoint.tmp/`, then swapped in by renames; a crash at any point leaves either the previous
 checkpoint or the new one in place, never a partial one that looks complete. Its marker file
 `COMPLETE` is a manifest of the SHA-256 of every other file, checked before resuming: a damaged or
-hand-edited checkpoint is named, never loaded silently.
+hand-edited checkpoint is named, never loaded silently. A checkpoint is never written with NaN or
+inf in the adapter or the optimizer state: every resume would load the poison.
 """
 
 from __future__ import annotations
@@ -20,14 +21,20 @@ import numpy as np
 import torch
 
 from bfspo.errors import BfspoError
+from bfspo.training.nonfinite import nonfinite_tensors
 
 NAME = "checkpoint"
 MARKER = "COMPLETE"
 
 
 def save(run_dir: Path, model, optimizer, state: dict) -> None:
-    """Write checkpoint.tmp/, then rename it to checkpoint/ (the old one goes to checkpoint.old/ first)."""
+    """Write checkpoint.tmp/, then rename it to checkpoint/ (the old one goes to checkpoint.old/ first).
+    Non-finite trainable weights or optimizer state are a BfspoError, and nothing is written."""
     tmp, final, old = run_dir / f"{NAME}.tmp", run_dir / NAME, run_dir / f"{NAME}.old"
+    bad = nonfinite_tensors(model, optimizer)
+    if bad:
+        raise BfspoError(f"{final}: not written, since {len(bad)} tensor(s) hold NaN or inf ({', '.join(bad[:3])}"
+                         f"{', ...' if len(bad) > 3 else ''}); the previous checkpoint is kept")
     if not final.exists() and (old / MARKER).is_file():  # an earlier save died mid-swap: restore it first
         old.rename(final)
     shutil.rmtree(tmp, ignore_errors=True)

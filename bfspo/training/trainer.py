@@ -44,6 +44,7 @@ from bfspo.algorithm.loss import policy_loss
 from bfspo.algorithm.packing import pack_trees, packed_logprobs
 from bfspo.algorithm.search import build_trees
 from bfspo.training.batching import minibatch_plan
+from bfspo.training.nonfinite import step_if_finite
 
 
 @dataclass
@@ -55,15 +56,15 @@ class Question:
 
 def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None, split: str = "train") -> list[Question]:
     """Tokenised prompts of the training set (its first `cfg.limit`, if set), or with split "val" of
-    the held-out set (its first `cfg.val_questions`); an empty set or a prompt with no room for the
-    budget is an error."""
+    the held-out set (its first `cfg.val_questions`); an empty set, a duplicate id or a prompt with
+    no room for the budget is an error."""
     from bfspo.tasks.benchmarks import get_benchmark
     from bfspo.tasks.prompts import prompt_ids
 
     path, benchmark, limit = ((cfg.train_data, cfg.benchmark, cfg.limit) if split == "train"
                               else (cfg.val_data, cfg.val_benchmark or cfg.benchmark, cfg.val_questions))
     get_benchmark(benchmark)
-    questions = []
+    questions, seen = [], set()
     for lineno, row in read_jsonl(path):
         if limit and len(questions) == limit:
             break
@@ -71,6 +72,9 @@ def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None, split
                    if not isinstance(row.get(k), (str, int)) or isinstance(row[k], bool) or str(row[k]).strip() == ""]
         if missing:
             raise BfspoError(f"{path}:{lineno}: missing or empty field(s) {', '.join(missing)}")
+        if str(row["id"]) in seen:
+            raise BfspoError(f"{path}:{lineno}: duplicate id {row['id']!r}")
+        seen.add(str(row["id"]))
         ids = prompt_ids(tokenizer, benchmark, row["question"])
         if max_positions is not None and len(ids) + cfg.budget > max_positions:
             raise BfspoError(f"{path}:{lineno}: the prompt ({len(ids)} tokens) plus the budget "
@@ -184,8 +188,11 @@ class Trainer:
     def rollout(self) -> tuple[list, list, dict]:
         """(batch trees, all generated trees, stats) for this rank's share of the batch: Algorithm 1,
         rewards, advantages and dynamic sampling (bfspo/training/batching.py)."""
+        from bfspo.tasks.verify import timeouts
+
         cfg = self.cfg
         target = self.rank_chains
+        missed = timeouts()
 
         def generate(n: int, round_: int) -> list:
             qs = self.next_questions(n)
@@ -209,7 +216,7 @@ class Trainer:
         stats.update(batching.merge_ranks(dist.gather(mine)), chains=mine["chains"], groups_kept=len(filled.kept),
                      groups_filtered=len(filled.generated) - len(filled.kept),
                      tokens_unique=sum(t.n_tokens for t in batch), tokens_total=sum(t.n_chain_tokens for t in batch),
-                     rollout_tokens=sum(t.n_tokens for t in filled.generated))
+                     rollout_tokens=sum(t.n_tokens for t in filled.generated), verify_timeouts=timeouts() - missed)
         return batch, filled.generated, stats
 
     def update(self, trees: list) -> dict:
@@ -243,16 +250,15 @@ class Trainer:
             dist.sum_gradients(self.params)
             norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
             total = dist.sum_scalar(local)  # the gradients are summed already: every rank sees the same norm
-            if not (math.isfinite(total) and torch.isfinite(norm)):
+            if not (math.isfinite(total) and torch.isfinite(norm) and step_if_finite(self.optimizer, self.params)):
                 self.optimizer.zero_grad(set_to_none=True)
                 self.nonfinite += 1
                 skipped += 1
-                console.line(f"step {self.step}: non-finite loss or gradient skipped ({self.nonfinite} so far)")
+                console.line(f"step {self.step}: non-finite loss, gradient or update skipped ({self.nonfinite} so far)")
                 if self.nonfinite > cfg.max_nonfinite:
-                    raise BfspoError(f"step {self.step}: {self.nonfinite} non-finite losses or gradients, more "
-                                     f"than max_nonfinite={cfg.max_nonfinite}; stopping")
+                    raise BfspoError(f"step {self.step}: {self.nonfinite} non-finite losses, gradients or updates, "
+                                     f"more than max_nonfinite={cfg.max_nonfinite}; stopping")
                 continue
-            self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             losses.append(total)
             norms.append(float(norm))
