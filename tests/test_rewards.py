@@ -194,7 +194,7 @@ def test_unknown_benchmark_is_an_error():
 
 
 def test_pathological_answer_times_out_and_the_worker_recovers():
-    is_correct("math500", "\\boxed{x+1}", "x+1")  # start the worker outside the timed call
+    is_correct("math500", "\\boxed{x+1}", "1+x")  # start the worker outside the timed call (x+1 == x+1 needs none)
     start = time.monotonic()
     assert is_correct("math500", PATHOLOGICAL, "1", timeout=1.0) is False
     assert 1.0 <= time.monotonic() - start < 3.0  # it reached the deadline, and no further
@@ -212,6 +212,7 @@ def test_works_outside_the_main_thread():
     results = []
 
     def check():
+        is_correct("math500", "\\boxed{x+2}", "2+x")  # start the worker outside the timed call
         start = time.monotonic()
         results.append(is_correct("math500", "\\boxed{8^{8^{8^{8}}}}", "1", timeout=1.0))
         results.append(1.0 <= time.monotonic() - start < 3.0)
@@ -360,7 +361,7 @@ def test_a_missing_response_or_gold_is_not_correct():
 
 
 def test_a_pathological_answer_does_not_hold_up_other_threads():
-    """Each caller has its own worker: a short deadline is kept while another thread's long one runs."""
+    """The pool has room for two callers at least: a short deadline is kept while another thread's long one runs."""
     is_correct("math500", "\\boxed{x+3}", "3+x")
     slow = threading.Thread(target=is_correct, args=("math500", "\\boxed{6^{6^{6^{6}}}}", "1"), kwargs={"timeout": 20})
     slow.start()
@@ -373,10 +374,10 @@ def test_a_pathological_answer_does_not_hold_up_other_threads():
 
 
 def test_the_worker_dies_with_its_caller():
-    code = ("import os, signal, threading, time\n"
+    code = ("import glob, os, signal, threading, time\n"
             "from bfspo.tasks import verify\n"
             "verify.is_correct('math500', '\\\\boxed{x+4}', '4+x')\n"
-            "print(open(f'/proc/{os.getpid()}/task/{os.getpid()}/children').read(), flush=True)\n"
+            "print(*(open(f).read() for f in glob.glob(f'/proc/{os.getpid()}/task/*/children')), flush=True)\n"
             "threading.Thread(target=verify.is_correct, args=('math500', '\\\\boxed{7^{7^{9^{9}}}}', '1'),"
             " kwargs={'timeout': 600}).start()\n"
             "time.sleep(1)\n"

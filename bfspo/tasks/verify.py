@@ -6,16 +6,20 @@ there is one; otherwise the text after the last "the answer is" / "final answer 
 compared with math-verify (gold first). math-verify's own timeout uses SIGALRM, which only works
 in the main thread, so it is switched off and every comparison runs instead in a persistent child
 process that is killed and replaced when it misses its deadline: a pathological answer such as
-`9^{9^{9^{9}}}` costs at most `timeout` seconds, from any thread or process. Each calling thread
-gets a worker of its own (a pool grows to the number of concurrent callers), so the deadline holds
-per call, and a worker dies with the process that started it. Extraction runs in the caller and
-is linear in the response's length.
+`9^{9^{9^{9}}}` costs at most `timeout` seconds, from any thread or process. The workers form one
+bounded pool per process, shared by its threads; a caller waits for a free worker, and its deadline
+counts only its own comparison (never that wait, nor a worker's start-up). A comparison that misses
+its deadline is scored False, never cached, and counted (`timeouts()`): the trainer logs the count
+of each step as rollout/verify_timeouts, and an evaluation's summary holds its verify_timeouts. A
+worker dies with the process that started it. Extraction runs in the caller and is linear in the
+response's length.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import select
 import signal
@@ -23,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
@@ -32,6 +37,8 @@ from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 VERIFY_TIMEOUT_S = 5.0  # deadline of one math-verify comparison
 WORKER_START_TIMEOUT_S = 120.0  # the child imports sympy and math-verify once
 MAX_ANSWER_CHARS = 1000  # longer "answers" are never correct and are not parsed at all
+# comparisons a worker makes before it says it is ready: fractions, decimals, symbols, sets, intervals
+WARM_UP = [("\\frac{1}{2}", "0.5"), ("x^2+1", "1+x^2"), ("\\{1, 2\\}", "(1, 2]"), ("\\sqrt{2}\\pi", "2")]
 
 # ---------------------------------------------------------------- extraction
 
@@ -85,19 +92,46 @@ def _last_number(text: str) -> str | None:
 
 
 _WRAPPERS = (("\\(", "\\)"), ("\\[", "\\]"), ("$", "$"))
+# What _strip_answer removes at the front (whitespace, colons, bold marks), and at the back, matched
+# in the reversed text (whitespace, bold marks, periods and slashes); a run of each wrapper's left
+# part at the front and of its right part at the back (reversed), with the parts' lengths.
+_FRONT = re.compile(r"\s*:*\**")
+_BACK = re.compile(r"\s*\**[./]*")
+_WRAPPER_RUNS = [(re.compile(f"(?:{re.escape(left)})*"), re.compile(f"(?:{re.escape(right[::-1])})*"),
+                  len(left), len(right)) for left, right in _WRAPPERS]
 
 
 def _strip_answer(ans: str) -> str:
     """Remove what wraps an answer without being part of it: a leading colon, **bold** marks,
-    $...$, \\( \\), \\[ \\], and a final period or slash."""
-    previous = None
-    while ans != previous:
-        previous = ans
-        ans = ans.strip().lstrip(":").strip("*").rstrip("./")
-        for left, right in _WRAPPERS:
-            if ans.startswith(left) and ans.endswith(right) and len(ans) >= len(left) + len(right):
-                ans = ans[len(left) : len(ans) - len(right)]
-    return ans
+    $...$, \\( \\), \\[ \\], and a final period or slash, again until nothing changes.
+
+    Linear in the length, however deep the nesting: the text is cut once, at the end, from two
+    indices, and n nested copies of one wrapper go in one step (found in O(n), `_wrapper_depth`)."""
+    rev, n = ans[::-1], len(ans)
+    i, j = 0, n
+    while True:
+        before = (i, j)
+        i = _FRONT.match(ans, i, j).end()
+        j = n - _BACK.match(rev, n - j, n - i).end()
+        for left, right, a, b in _WRAPPER_RUNS:
+            k = _wrapper_depth(left, right, a, b, ans, rev, i, j)
+            i, j = i + k * a, j - k * b
+        if (i, j) == before:
+            return ans[i:j]
+
+
+def _wrapper_depth(left, right, a: int, b: int, ans: str, rev: str, i: int, j: int) -> int:
+    """How many copies of one wrapper (left part of length a, right part of length b) wrap ans[i:j],
+    in time proportional to that number: the runs at both ends are measured up to a limit that
+    doubles until one of them is shorter."""
+    n, most, limit = len(ans), (j - i) // (a + b), 1
+    while True:
+        limit = min(limit, most)
+        front = (left.match(ans, i, i + limit * a).end() - i) // a
+        back = (right.match(rev, n - j, n - j + limit * b).end() - (n - j)) // b
+        if front < limit or back < limit or limit == most:
+            return min(front, back)
+        limit *= 2
 
 
 def extract_answer(benchmark: str | Benchmark, response: str) -> str | None:
@@ -205,52 +239,102 @@ def math_equal(gold: str, answer: str, *, timeout: float = VERIFY_TIMEOUT_S) -> 
     g, a = _plain_number(gold), _plain_number(answer)
     if g is not None and a is not None:
         return g == a
-    return _verify_cached(gold, answer, timeout)
+    try:
+        return _verify_cached(gold, answer, timeout)
+    except VerifyTimeout:
+        _count_timeout()
+        return False
+
+
+class VerifyTimeout(Exception):
+    """A math-verify comparison missed its deadline (the worker was killed; nothing is cached)."""
+
+
+_TIMEOUTS = 0
+_TIMEOUTS_LOCK = threading.Lock()
+
+
+def timeouts() -> int:
+    """Comparisons in this process so far that missed their deadline (each scored False, and counted
+    here so that the trainer's step metrics and the evaluation summary can report them)."""
+    return _TIMEOUTS
+
+
+def _count_timeout() -> None:
+    global _TIMEOUTS
+    with _TIMEOUTS_LOCK:
+        _TIMEOUTS += 1
 
 
 @lru_cache(maxsize=1 << 16)
 def _verify_cached(gold: str, answer: str, timeout: float) -> bool:
-    return _pool().verify(gold, answer, timeout)
+    return _pool().verify(gold, answer, timeout)  # a VerifyTimeout is raised, so never cached
+
+
+class _Spawner:
+    """Starts worker processes from one thread that lives as long as the process. A worker asks the
+    kernel to kill it when its parent goes (see `_die_with_parent`), and the kernel reads "parent" as
+    the thread that started it: started by a short-lived caller thread, it would die with that thread."""
+
+    def __init__(self):
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="bfspo-verify-spawner", daemon=True).start()
+
+    def _serve(self):
+        while True:
+            done, args, kwargs = self._requests.get()
+            try:
+                done.set_result(subprocess.Popen(*args, **kwargs))
+            except BaseException as e:  # handed to the caller, whatever it is
+                done.set_exception(e)
+
+    def popen(self, *args, **kwargs) -> subprocess.Popen:
+        done: Future = Future()
+        self._requests.put((done, args, kwargs))
+        return done.result()
+
+
+_SPAWNER: _Spawner | None = None
 
 
 class _VerifyWorker:
-    """A persistent child process that runs math-verify; one request at a time, under a lock (the
-    pool hands a worker to one caller at a time).
+    """A persistent child process that runs math-verify, one request at a time (the pool hands a
+    worker to one caller at a time).
 
-    The child speaks JSON lines: it reads `[gold, answer]` and writes `true` or `false`. A request
-    that misses its deadline kills the child; the next request starts a fresh one.
+    The child speaks JSON lines: it reads `[gold, answer]` and writes `true` or `false`. It says
+    `ready` only once math-verify has imported and run a comparison, so that a request's deadline
+    counts the comparison alone, never the worker's start-up. A request that misses its deadline
+    kills the child (VerifyTimeout); the next request starts a fresh one.
     """
 
     def __init__(self):
-        self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._buffer = b""
 
     def verify(self, gold: str, answer: str, timeout: float) -> bool:
-        with self._lock:
-            for _ in range(2):  # a worker that died before its deadline (see _die_with_parent) is replaced once
-                if self._proc is None or self._proc.poll() is not None:
-                    self._start()
-                deadline = time.monotonic() + timeout
-                try:
-                    self._proc.stdin.write((json.dumps([gold, answer]) + "\n").encode())
-                    self._proc.stdin.flush()
-                    reply = self._read_line(deadline)
-                except OSError:
-                    reply = None
-                if reply is not None:
-                    return json.loads(reply) is True
-                self.close()
-                if time.monotonic() >= deadline:
-                    return False
-            return False
+        for _ in range(2):  # a worker that died before its deadline is replaced once
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+            deadline = time.monotonic() + timeout
+            try:
+                self._proc.stdin.write((json.dumps([gold, answer]) + "\n").encode())
+                self._proc.stdin.flush()
+                reply = self._read_line(deadline)
+            except OSError:
+                reply = None
+            if reply is not None:
+                return json.loads(reply) is True
+            self.close()
+            if time.monotonic() >= deadline:
+                raise VerifyTimeout(f"math-verify took more than {timeout:g} s")
+        raise RuntimeError("the math-verify worker process died twice in a row")
 
     def _start(self):
         env = dict(os.environ)
         package_root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self._buffer = b""
-        self._proc = subprocess.Popen(
+        self._proc = _spawner().popen(
             [sys.executable, "-c", f"from bfspo.tasks.verify import serve_verifier; serve_verifier({os.getpid()})"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
         )
@@ -284,22 +368,40 @@ class _VerifyWorker:
             self._proc = None
 
 
-class _WorkerPool:
-    """Idle workers; a caller takes one (or starts one when none is idle) and gives it back, so no
-    call waits behind another's pathological answer."""
+def _default_workers() -> int:
+    """The pool's size: the CPUs this process may run on, from 2 (one pathological answer never holds
+    up every other comparison) to 8 (each worker holds about 57 MB, and a comparison takes
+    milliseconds, so a few workers serve any number of threads)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(2, min(8, cpus))
 
-    def __init__(self):
-        self._lock = threading.Lock()
+
+class _WorkerPool:
+    """At most `size` workers, shared by every thread of the process. A caller takes an idle worker,
+    or starts one while there are fewer than `size`, or waits until one is given back; the wait, like
+    a worker's start-up, is not part of the caller's deadline."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._free = threading.Condition()
         self._idle: list[_VerifyWorker] = []
+        self.workers: list[_VerifyWorker] = []
 
     def verify(self, gold: str, answer: str, timeout: float) -> bool:
-        with self._lock:
-            worker = self._idle.pop() if self._idle else _VerifyWorker()
+        with self._free:
+            while not self._idle and len(self.workers) >= self.size:
+                self._free.wait()
+            if self._idle:
+                worker = self._idle.pop()
+            else:
+                worker = _VerifyWorker()
+                self.workers.append(worker)
         try:
             return worker.verify(gold, answer, timeout)
         finally:
-            with self._lock:
+            with self._free:
                 self._idle.append(worker)
+                self._free.notify()
 
 
 _POOL: _WorkerPool | None = None
@@ -310,14 +412,23 @@ def _pool() -> _WorkerPool:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = _WorkerPool()
+            _POOL = _WorkerPool(_default_workers())
         return _POOL
 
 
+def _spawner() -> _Spawner:
+    global _SPAWNER
+    with _POOL_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = _Spawner()
+        return _SPAWNER
+
+
 def _forget_workers_in_child():
-    """A forked child must not share its parent's workers (nor a lock some parent thread held)."""
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
+    """A forked child must not share its parent's workers (nor a lock some parent thread held); its
+    parent's spawner thread does not exist in it."""
+    global _POOL, _POOL_LOCK, _SPAWNER, _TIMEOUTS_LOCK
+    _POOL, _POOL_LOCK, _SPAWNER, _TIMEOUTS_LOCK = None, threading.Lock(), None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_workers_in_child)
@@ -326,7 +437,8 @@ os.register_at_fork(after_in_child=_forget_workers_in_child)
 def _die_with_parent(parent: int) -> None:
     """Have the kernel kill this process when its parent goes (Linux's PR_SET_PDEATHSIG), even in the
     middle of a computation; exit now if the parent is already gone. Strictly, the signal comes when
-    the parent's thread that started the worker ends: a worker found dead is started again."""
+    the parent's thread that started the worker ends: the pool starts every worker from one thread
+    that lasts as long as the process (`_Spawner`)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -347,12 +459,15 @@ def serve_verifier(parent: int) -> None:
 
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything a library prints goes to stderr, never into the replies
-    out.write("ready\n")
-    out.flush()
 
     @lru_cache(maxsize=4096)
     def parsed(expr: str):
         return parse(f"\\boxed{{{expr}}}", parsing_timeout=None)
+
+    for gold, answer in WARM_UP:  # the first comparisons import most of sympy: not within a deadline
+        verify(parsed(gold), parsed(answer), timeout_seconds=None)
+    out.write("ready\n")
+    out.flush()
 
     for line in sys.stdin:
         gold, answer = json.loads(line)

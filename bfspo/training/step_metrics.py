@@ -43,6 +43,7 @@ SECTIONS = {
     "trees": "rollout/trees", "chains_target": "rollout/chains_target", "batch_full": "rollout/batch_full",
     "tokens_unique": "rollout/tokens_unique", "tokens_total": "rollout/tokens_total",
     "rollout_tokens": "rollout/tokens_generated", "packing_gain": "rollout/packing_gain",
+    "verify_timeouts": "rollout/verify_timeouts",
     "tree_depth_max": "tree/depth_max", "tree_depth_mean": "tree/depth_mean", "backtracks": "tree/backtracks",
     "backtrack_depth_mean": "tree/backtrack_depth_mean", "branching_nodes": "tree/branching_nodes",
     "tied_branching_nodes": "tree/tied_branching_nodes",
@@ -65,7 +66,7 @@ TRAIN_DEFAULTS = {k: float("nan") for k in ("loss", "grad_norm", "clip_frac", "c
 TRAIN_DEFAULTS |= {"optimizer_steps": 0, "skipped_steps": 0}
 # statistics summed over ranks, and those whose maximum or minimum is kept; the others are averaged
 SUMMED = frozenset({"groups_kept", "groups_filtered", "chains", "tokens_unique", "tokens_total", "rollout_tokens",
-                    "backtracks", "branching_nodes", "tied_branching_nodes"})
+                    "backtracks", "branching_nodes", "tied_branching_nodes", "verify_timeouts"})
 MAXED = frozenset({"len_max", "tree_depth_max", "gen_rounds", "entropy_max", "adv_max"})
 MINNED = frozenset({"len_min", "adv_min"})
 
