@@ -10,13 +10,18 @@ Questions are generated in fixed batches of --batch-size sequences, each batch w
 DIR/samples.partial.jsonl as soon as they are scored: an interrupted evaluation, rerun with the same
 settings, generates only the batches not yet on file and ends with the same samples and summary as
 an uninterrupted one (bfspo.evaluation.progress). Then DIR/samples.jsonl (one row per response) and
-DIR/summary.json, last, are written, each atomically: an earlier run's files stay in place until the
-new ones replace them. One process at a time may write DIR (bfspo.runlock).
+DIR/summary.json, last, are written, each atomically. summary.json records the settings it was
+made with: a rerun with the same settings (and --meta) says it is already done and exits 0, and a
+rerun with other settings moves the finished files to DIR/previous/ (after its input checks pass,
+before it generates anything), so that they never sit beside a partial output of other settings
+looking finished. One process at a time may write DIR (bfspo.runlock).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import time
 from pathlib import Path
 
@@ -31,9 +36,10 @@ from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl, write_json, write_jsonl
 from bfspo.evaluation.metrics import bootstrap_ci
 from bfspo.evaluation.progress import Progress, fingerprint
-from bfspo.model_io import check_adapter, load_config, load_model, load_tokenizer
+from bfspo.evaluation.protocol import check_protocol
+from bfspo.model_io import check_adapter, check_weights, load_config, load_model, load_tokenizer
 from bfspo.tasks.prompts import prompt_ids
-from bfspo.tasks.verify import extract_answer, is_correct
+from bfspo.tasks.verify import extract_answer, is_correct, timeouts
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +50,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", required=True, type=Path, help="where samples.jsonl and summary.json go")
     parser.add_argument("--budget", type=int, help="max generated tokens (default: the benchmark's)")
     parser.add_argument("--samples", type=int, help="responses per question (default: the benchmark's)")
-    parser.add_argument("--temperature", type=float, help="0 = greedy (default: the benchmark's)")
+    parser.add_argument("--temperature", type=float, help="0 = greedy (default: the benchmark's); finite")
     parser.add_argument("--batch-size", type=int, default=64, help="sequences generated at once")
     parser.add_argument("--limit", type=int, help="evaluate only the first N questions")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -115,16 +121,18 @@ def question_batches(prompts: list[list[int]], size: int) -> list[list[int]]:
 
 
 def score(benchmark: Benchmark, rows: list[dict], results: list[list[Completion]], tokenizer) -> list[dict]:
-    """One samples.jsonl row per response: its text, extracted answer, correctness and length."""
+    """One samples.jsonl row per response: its text, extracted answer, correctness and length, and
+    whether its verification missed its deadline (then it is scored wrong)."""
     samples = []
     for row, completions in zip(rows, results):
         gold = str(row["answer"])
         for index, c in enumerate(completions):
             text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            missed = timeouts()
             samples.append({"id": row["id"], "sample": index, "response": text,
                             "extracted": extract_answer(benchmark, text), "gold": gold,
                             "correct": is_correct(benchmark, text, gold), "num_tokens": len(c.token_ids),
-                            "finished": c.finished})
+                            "finished": c.finished, "verify_timeout": timeouts() > missed})
     return samples
 
 
@@ -137,7 +145,8 @@ def summarize(samples: list[dict], n_questions: int, seed: int = 0) -> dict:
     return {"n_questions": n_questions, "samples_per_question": per_q,
             "accuracy": float(correct.mean()), "accuracy_ci": list(bootstrap_ci(correct, seed=seed)),
             "avg_length": float(length.mean()), "avg_length_ci": list(bootstrap_ci(length, seed=seed)),
-            "finished_fraction": float(np.mean([s["finished"] for s in samples]))}
+            "finished_fraction": float(np.mean([s["finished"] for s in samples])),
+            "verify_timeouts": sum(bool(s.get("verify_timeout")) for s in samples)}
 
 
 def build_engine(args) -> tuple[RolloutEngine, object, int | None]:
@@ -147,6 +156,7 @@ def build_engine(args) -> tuple[RolloutEngine, object, int | None]:
         if args.adapter is not None:
             check_adapter(args.adapter, args.model)
         tokenizer = load_tokenizer(args.model)
+        check_weights(args.model)
         engine = make_engine("vllm", None, tokenizer, model_path=args.model, adapter=args.adapter,
                              batch_size=args.batch_size, seed=args.seed)
     else:
@@ -198,35 +208,80 @@ def eval_summary(summary: dict) -> dict:
         out[f"eval/{key}"] = summary[key]
         out[f"eval/{key}_ci_low"], out[f"eval/{key}_ci_high"] = summary[f"{key}_ci"]
     out |= {f"eval/{k}": summary[k] for k in ("finished_fraction", "n_questions", "samples_per_question",
-                                              "generated_tokens_per_s")}
+                                              "generated_tokens_per_s", "verify_timeouts")}
     return out
 
 
+def protocol(args) -> tuple[int, int, float]:
+    """(budget, samples, temperature): the options, or the benchmark's protocol where not given;
+    BfspoError for values that cannot work (bfspo.evaluation.protocol)."""
+    benchmark = get_benchmark(args.benchmark)
+    budget = benchmark.eval_budget if args.budget is None else args.budget
+    samples = benchmark.samples if args.samples is None else args.samples
+    temperature = benchmark.temperature if args.temperature is None else args.temperature
+    check_protocol(budget, samples, temperature)
+    if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
+        raise BfspoError("--batch-size and --limit must be positive")
+    return budget, samples, temperature
+
+
 def run(args) -> int:
+    protocol(args)  # before the lock creates the output folder
     with runlock.hold(args.out_dir, "evaluate"):
         return evaluate(args)
+
+
+def earlier_summary(out_dir: Path) -> dict:
+    """The summary.json of an earlier evaluation in out_dir ({} if there is none, or it is unreadable)."""
+    try:
+        summary = json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def set_aside(out_dir: Path, settings: dict, meta: dict) -> None:
+    """Move the files of an earlier evaluation (summary.json first, then samples.jsonl) to
+    out_dir/previous/, replacing what an even earlier one left there, and say which settings differ."""
+    found = [out_dir / name for name in ("summary.json", "samples.jsonl") if (out_dir / name).exists()]
+    if not found:
+        return
+    old = earlier_summary(out_dir)
+    recorded = old.get("settings")
+    if isinstance(recorded, dict):
+        differ = [k for k in settings if recorded.get(k) != settings[k]] + (["meta"] if old.get("meta") != meta else [])
+        differ = "other " + ", ".join(differ)
+    else:
+        differ = "settings it did not record"
+    previous = out_dir / "previous"
+    shutil.rmtree(previous, ignore_errors=True)
+    previous.mkdir()
+    for path in found:
+        path.rename(previous / path.name)
+    tqdm.write(f"{out_dir}: moved the {' and '.join(p.name for p in found)} of an earlier evaluation ({differ}) "
+               f"to {previous}; starting over")
 
 
 def evaluate(args) -> int:
     benchmark = get_benchmark(args.benchmark)
     meta = parse_meta(args.meta)
-    budget = benchmark.eval_budget if args.budget is None else args.budget
-    samples = benchmark.samples if args.samples is None else args.samples
-    temperature = benchmark.temperature if args.temperature is None else args.temperature
-    if budget < 1 or samples < 1 or temperature < 0 or args.batch_size < 1 or (args.limit is not None and args.limit < 1):
-        raise BfspoError("--budget, --samples, --batch-size and --limit must be positive, --temperature >= 0")
-    if samples > 1 and temperature == 0:
-        raise BfspoError(f"{samples} samples per question at temperature 0 would all be the same greedy response")
+    budget, samples, temperature = protocol(args)
+    settings = {"benchmark": benchmark.name, "model": args.model, "adapter": args.adapter, "data": str(args.data),
+                "limit": args.limit, "budget": budget, "samples": samples, "temperature": temperature,
+                "seed": args.seed, "batch_size": args.batch_size, "engine": args.engine,
+                "fingerprints": [fingerprint(p) for p in (args.model, args.adapter, args.data)]}
+    settings = json.loads(json.dumps(settings))
+    earlier = earlier_summary(args.out_dir)
+    if earlier.get("settings") == settings and earlier.get("meta") == meta:
+        print(f"{args.out_dir}: already done with these settings (summary.json); delete it to evaluate again")
+        return 0
     rows = read_questions(args.data, benchmark, args.limit)
 
     engine, tokenizer, max_positions = build_engine(args)
     prompts = [prompt_ids(tokenizer, benchmark, str(row["question"])) for row in rows]
     check_lengths(rows, prompts, budget, max_positions)
     batches = question_batches(prompts, max(1, args.batch_size // samples))
-    settings = {"benchmark": benchmark.name, "model": args.model, "adapter": args.adapter, "data": str(args.data),
-                "limit": args.limit, "budget": budget, "samples": samples, "temperature": temperature,
-                "seed": args.seed, "batch_size": args.batch_size, "engine": args.engine,
-                "fingerprints": [fingerprint(p) for p in (args.model, args.adapter, args.data)]}
+    set_aside(args.out_dir, settings, meta)
     batch_ids = [[rows[i]["id"] for i in batch] for batch in batches]
     progress = Progress(args.out_dir, settings, batch_ids)
     todo = [k for k in range(len(batches)) if k not in progress.done]
@@ -257,11 +312,14 @@ def evaluate(args) -> int:
                "engine": args.engine, "seed": args.seed, "data": str(args.data),
                "generation_seconds": round(seconds, 3),
                "generated_tokens_per_s": round(sum(s["num_tokens"] for s in scored) / max(seconds, 1e-9), 1),
-               "meta": meta}
+               "meta": meta, "settings": settings}
     if args.wandb_project:
         log_to_wandb(summary, scored, args)
     write_json(args.out_dir / "summary.json", summary)
     progress.remove()
+    if summary["verify_timeouts"]:
+        print(f"{benchmark.name}: {summary['verify_timeouts']} verification(s) missed their deadline and were scored "
+              "wrong (samples.jsonl: verify_timeout)")
     print(f"{benchmark.name}: accuracy {summary['accuracy']:.1f}% "
           f"[{summary['accuracy_ci'][0]:.1f}, {summary['accuracy_ci'][1]:.1f}], "
           f"avg length {summary['avg_length']:.1f} tokens ({len(rows)} questions x {samples}) -> {args.out_dir}")

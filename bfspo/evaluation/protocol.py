@@ -1,0 +1,23 @@
+"""The decoding protocol of one evaluation (token budget, samples per question, temperature), checked
+alike by `bfspo evaluate` before it writes anything and by the workflow's plan (bfspo.preflight)
+before any job is submitted."""
+
+from __future__ import annotations
+
+import math
+
+from bfspo.errors import BfspoError
+
+
+def check_protocol(budget, samples, temperature) -> None:
+    """BfspoError unless the protocol can work: a positive budget and number of samples, a finite
+    temperature >= 0 (0 is greedy decoding; NaN and inf sample nothing meaningful), and one sample
+    per question when decoding greedily."""
+    for name, value in (("budget", budget), ("samples", samples)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise BfspoError(f"{name} must be a positive integer, got {value!r}")
+    if (not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not math.isfinite(temperature)
+            or temperature < 0):
+        raise BfspoError(f"temperature must be a finite number >= 0 (0 is greedy decoding), got {temperature!r}")
+    if samples > 1 and temperature == 0:
+        raise BfspoError(f"{samples} samples per question at temperature 0 would all be the same greedy response")
