@@ -29,10 +29,13 @@ def holder_description(command: str) -> str:
 @contextmanager
 def hold(directory: str | os.PathLike, command: str) -> Iterator[Path]:
     """Create `directory` if needed and hold its lock for the `with` block; BfspoError if another
-    process holds it or `directory` is not a directory."""
+    process holds it or `directory` is not a directory (a file, a link that loops or leads nowhere)."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise BfspoError(f"{directory}: exists and is not a directory")
+    if directory.is_symlink() and not directory.exists():
+        raise BfspoError(f"{directory}: a symbolic link (to {os.readlink(directory)}) that leads to no directory: "
+                         "it loops, or its target is missing; remove it or point it at a directory")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
