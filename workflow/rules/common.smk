@@ -15,6 +15,8 @@ import shlex
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from bfspo.preflight import plan_problems
+
 
 _EXPONENT_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
@@ -459,3 +461,12 @@ def eval_args(wildcards):
                  "--run-name", f"{run}_eval_{bench}"] + (["--wandb-tags", *WANDB["tags"]] if WANDB.get("tags") else [])
     args += ["--meta"] + [f"{k}={v}" for k, v in meta.items()]
     return " ".join(shlex.quote(str(a)) for a in args)
+
+
+# Refuse at plan time what every job would refuse: each run's settings (through TrainConfig), each
+# evaluation's protocol and budget (bfspo/preflight.py).
+_PROBLEMS = plan_problems({r: train_settings(r) for r in RUNS}, [
+    dict(config["benchmarks"][c["benchmark"]], benchmark=c["benchmark"], model=config["models"][m]["path"])
+    for spec in config["tables"].values() for m in spec["models"] for c in spec["columns"]])
+if _PROBLEMS:
+    raise WorkflowError("invalid config:\n  " + "\n  ".join(_PROBLEMS))
