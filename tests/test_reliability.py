@@ -1,0 +1,506 @@
+"""Issue 23, the second reliability probe: nothing half-loaded, nothing poisoned, nothing scored wrong
+in silence. One section per finding; each test failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bfspo.cli import main
+from bfspo.errors import BfspoError
+from bfspo.io import read_json, read_jsonl
+from bfspo.tasks import verify
+
+ROOT = Path(__file__).resolve().parents[1]
+QUESTIONS = [{"id": f"q{i}", "question": f"Tom has {i} apples and buys 3 more. How many?", "answer": str(i + 3)}
+             for i in range(3)]
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def evaluate(model_dir, data, out_dir, *extra) -> int:
+    return main(["evaluate", "--model", str(model_dir), "--benchmark", "gsm8k", "--data", str(data),
+                 "--out-dir", str(out_dir), "--budget", "8", "--batch-size", "8", *extra])
+
+
+def train_config(model_dir, data, **overrides):
+    from bfspo.training.config import TrainConfig
+
+    values = dict(model=str(model_dir), train_data=str(data), benchmark="gsm8k_train", k=0, group_size=4, budget=16,
+                  steps=1, train_batch=8, mini_batch=4, lr=1e-2, save_every=1, max_empty_steps=50, threads=1,
+                  wandb_mode="disabled", log_trees=False)
+    return TrainConfig(**(values | overrides))
+
+
+def edited_model(src: Path, dst: Path, config=None, weights=None) -> Path:
+    """A copy of the model folder `src`, its config.json and weights edited in place."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    if config is not None:
+        values = json.loads((dst / "config.json").read_text())
+        config(values)
+        (dst / "config.json").write_text(json.dumps(values))
+    if weights is not None:
+        tensors = load_file(dst / "model.safetensors")
+        weights(tensors)
+        save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def three_layers(c):
+    c.update(num_hidden_layers=3, layer_types=["full_attention"] * 3)
+
+
+# ---- 1 and 6: weights that do not match the config ---------------------------------------------------
+
+
+@pytest.mark.parametrize("config, weights, named", [
+    (three_layers, None, r"12 missing \(model\.layers\.2\."),
+    (None, lambda w: w.pop("model.norm.weight"), r"1 missing \(model\.norm\.weight\)"),
+    (None, lambda w: w.update({"model.extra.weight": torch.zeros(3)}), r"1 unexpected \(model\.extra\.weight\)"),
+    (None, lambda w: w.update({"model.norm.weight": torch.ones(31)}),
+     r"1 of another shape \(model\.norm\.weight is \[31\] in the weights, \[32\] in the model"),
+], ids=["config-asks-for-more-layers", "no-final-norm", "unexpected-key", "another-shape"])
+def test_weights_that_do_not_match_the_config_are_a_named_error(tiny_model_dir, tmp_path, config, weights, named):
+    from bfspo import model_io
+
+    model = edited_model(tiny_model_dir, tmp_path / "model", config, weights)
+    for load in ("load_model", "check_weights"):  # the transformers path, and the check made for vLLM
+        with pytest.raises(BfspoError, match=re.escape(str(model)) + ": its weights do not match its config.json: "
+                           + named):
+            getattr(model_io, load)(str(model))
+
+
+def test_tied_embeddings_are_no_missing_key(tiny_model_dir, tmp_path):
+    """lm_head.weight is absent (tied to the embeddings) in the tiny model, or saved beside them."""
+    from bfspo.model_io import check_weights, load_model
+
+    assert json.loads((tiny_model_dir / "config.json").read_text())["tie_word_embeddings"]
+    model = edited_model(tiny_model_dir, tmp_path / "model",
+                         weights=lambda w: w.update({"lm_head.weight": w["model.embed_tokens.weight"].clone()}))
+    for path in (tiny_model_dir, model):
+        check_weights(str(path))
+        loaded, _ = load_model(str(path))
+        assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+
+
+def test_a_layer_count_that_contradicts_layer_types_is_a_named_error(tiny_model_dir, tmp_path):
+    from bfspo.model_io import load_config, load_model
+
+    model = edited_model(tiny_model_dir, tmp_path / "model", config=lambda c: c.update(num_hidden_layers=3))
+    message = re.escape(f"{model}: its config.json contradicts itself (`num_hidden_layers` (3) must be equal to "
+                        "the number of `layer_types` (2))")
+    for load in (load_config, load_model):
+        with pytest.raises(BfspoError, match=message):
+            load(str(model))
+
+
+def test_train_and_evaluate_refuse_a_partly_random_model_before_any_work(tiny_model_dir, train_data, tmp_path, capsys):
+    model = edited_model(tiny_model_dir, tmp_path / "model", weights=lambda w: w.pop("model.norm.weight"))
+    data = write_rows(tmp_path / "gsm8k.jsonl", QUESTIONS)
+    assert evaluate(model, data, tmp_path / "eval") == 2
+    assert "model.norm.weight" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == [".bfspo.lock"]
+    assert main(["train", "--output-dir", str(tmp_path / "run"), "--set", f"model={model}",
+                 f"train_data={train_data}", "steps=1", "train_batch=4", "mini_batch=4", "wandb_mode=disabled"]) == 2
+    assert "its weights do not match its config.json" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".bfspo.lock"]
+
+
+# ---- 2: non-finite weights --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override, named", [
+    ("lr=1e30", "lr must be a number > 0 and at most 1"),
+    ("lr=.inf", "lr must be a number > 0 and at most 1"),
+    ("lr=.nan", "lr must be a number > 0 and at most 1, got nan"),
+    ("weight_decay=.inf", "weight_decay must be a number >= 0 and at most 1"),
+    ("weight_decay=.nan", "weight_decay must be a number"),
+    ("max_grad_norm=.inf", "max_grad_norm must be a finite number"),
+    ("eps_high=.inf", "eps_high must be a finite number"),
+    ("oversample=.inf", "oversample must be a number >= 1 and at most 100"),
+    ("temperature=.inf", "temperature must be a finite number > 0, got inf"),
+    ("top_p=.nan", "top_p must be a number"),
+])
+def test_infinite_nan_or_absurd_values_are_refused_by_the_config(override, named):
+    from bfspo.training.config import load_config
+
+    with pytest.raises(BfspoError, match=re.escape(named)):
+        load_config(None, ["model=m", "train_data=d", override])
+
+
+def _adam(lr, weight_decay=0.0):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 3)
+    params = list(layer.parameters())
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    return layer, params, optimizer
+
+
+def _backward(layer):
+    layer(torch.randn(5, 4)).pow(2).sum().backward()
+
+
+def test_an_update_that_makes_a_weight_non_finite_is_undone():
+    from bfspo.training.nonfinite import step_if_finite
+
+    layer, params, optimizer = _adam(lr=1e-2)
+    _backward(layer)
+    assert step_if_finite(optimizer, params)  # a normal step is kept
+    kept = [p.detach().clone() for p in params]
+    state = json.dumps({k: [t.tolist() if torch.is_tensor(t) else t for t in v.values()]
+                        for k, v in optimizer.state_dict()["state"].items()})
+    optimizer.param_groups[0]["lr"] = float("inf")
+    optimizer.zero_grad()
+    _backward(layer)
+    assert not step_if_finite(optimizer, params)
+    assert all(torch.equal(p, k) for p, k in zip(params, kept))
+    assert json.dumps({k: [t.tolist() if torch.is_tensor(t) else t for t in v.values()]
+                       for k, v in optimizer.state_dict()["state"].items()}) == state
+    optimizer.param_groups[0]["lr"] = 1e-2
+    assert step_if_finite(optimizer, params) and not all(torch.equal(p, k) for p, k in zip(params, kept))
+
+
+class _Adapter(torch.nn.Module):
+    """A model with one trainable and one frozen weight that saves like a peft model."""
+
+    def __init__(self):
+        super().__init__()
+        self.lora = torch.nn.Parameter(torch.ones(2))
+        self.base = torch.nn.Parameter(torch.full((2,), float("nan")), requires_grad=False)
+
+    def save_pretrained(self, path):
+        path.mkdir(parents=True)
+        torch.save(self.lora.detach(), path / "adapter.pt")
+
+
+def test_a_checkpoint_is_never_written_with_non_finite_tensors(tmp_path):
+    from bfspo.training import checkpoint
+
+    model = _Adapter()
+    optimizer = torch.optim.AdamW([model.lora], lr=1e-2)
+    checkpoint.save(tmp_path, model, optimizer, {"step": 1})  # a frozen NaN is not the checkpoint's
+    with torch.no_grad():
+        model.lora[0] = float("inf")
+    with pytest.raises(BfspoError, match=r"checkpoint: not written, since 1 tensor\(s\) hold NaN or inf \(lora\); "
+                                         "the previous checkpoint is kept"):
+        checkpoint.save(tmp_path, model, optimizer, {"step": 2})
+    with torch.no_grad():
+        model.lora[0] = 1.0
+    model.lora.grad = torch.ones(2)
+    optimizer.step()
+    optimizer.state[model.lora]["exp_avg_sq"][0] = float("nan")
+    with pytest.raises(BfspoError, match=r"optimizer exp_avg_sq of parameter 0"):
+        checkpoint.save(tmp_path, model, optimizer, {"step": 2})
+    assert not (tmp_path / "checkpoint.tmp").exists()
+    assert torch.load(checkpoint.latest(tmp_path) / "state.pt", weights_only=False)["step"] == 1
+
+
+def test_a_non_finite_update_in_training_is_skipped_counted_and_never_checkpointed(tiny_model_dir, train_data,
+                                                                                    tmp_path):
+    """The probe's lr = inf (no longer accepted by the config, so set on the optimizer): each update is
+    undone and counted, the checkpoint holds the initial finite adapter, and max_nonfinite stops the run."""
+    from peft.utils import load_peft_weights
+
+    from bfspo.training.trainer import Trainer
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    trainer = Trainer(train_config(tiny_model_dir, train_data), run_dir)
+    initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.optimizer.param_groups[0]["lr"] = float("inf")
+    with pytest.raises(BfspoError, match="no optimizer step in 1 steps"):
+        trainer.fit()
+    (row,) = [r for _, r in read_jsonl(run_dir / "metrics.jsonl")]
+    assert row["train/skipped_steps"] == 2 and row["train/nonfinite_total"] == 2
+    assert all(torch.equal(p, initial[n]) for n, p in trainer.model.named_parameters() if p.requires_grad)
+    saved = load_peft_weights(str(run_dir / "checkpoint" / "adapter"), device="cpu")
+    assert saved and all(torch.isfinite(t).all() for t in saved.values())
+    batch, _, _ = trainer.rollout()
+    with pytest.raises(BfspoError, match="non-finite losses, gradients or updates, more than max_nonfinite=3"):
+        trainer.update(batch)
+
+
+# ---- 3: the verifier under load ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_pool(monkeypatch):
+    """A pool of its own (the module's is shared by the whole test session), closed afterwards."""
+    monkeypatch.setattr(verify, "_POOL", None)
+    yield
+    if verify._POOL is not None:
+        for worker in verify._POOL.workers:
+            worker.close()
+
+
+def _verify_workers() -> set[int]:
+    """The live math-verify worker processes of this process, read from /proc (not from the pool)."""
+    pids = set()
+    for children in Path("/proc/self/task").glob("*/children"):
+        for pid in children.read_text().split():
+            try:
+                if b"serve_verifier" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    pids.add(int(pid))
+            except OSError:  # gone meanwhile
+                pass
+    return pids
+
+
+def _in_threads(check, args) -> dict:
+    """check(arg) in one thread per arg, all at once: arg -> its result, or the exception it raised."""
+    results = {}
+
+    def call(arg):
+        try:
+            results[arg] = check(arg)
+        except Exception as e:
+            results[arg] = e
+
+    threads = [threading.Thread(target=call, args=(arg,)) for arg in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_many_threads_at_once_get_correct_answers_scored_right(fresh_pool):
+    """The probe's 48 threads at once (here 24, and a 2 s deadline): every thread started a worker of
+    its own, and a worker's start-up crowded out the comparisons of the others, past their deadline."""
+    before = _verify_workers()
+    results = _in_threads(lambda i: verify.is_correct("math500", f"\\boxed{{\\frac{{{i}}}{{2}}}}", str(i / 2),
+                                                      timeout=2.0), range(1, 25))
+    assert {i: ok for i, ok in results.items() if ok is not True} == {}
+    started = _verify_workers() - before
+    assert 1 <= len(started) <= verify._pool().size <= 8
+
+
+def test_a_worker_outlives_the_thread_that_started_it(fresh_pool):
+    before = _verify_workers()
+    check = lambda i: verify.is_correct("math500", f"\\boxed{{\\frac{{{i}}}{{3}}}}", f"{i}/3")  # noqa: E731
+    assert _in_threads(check, [1]) == {1: True}
+    time.sleep(1)  # the kernel killed a worker tied to its thread within milliseconds of the thread's end
+    started = _verify_workers() - before
+    assert len(started) == 1
+    assert _in_threads(check, [2]) == {2: True}
+    assert _verify_workers() - before == started
+
+
+def test_a_timed_out_verification_is_counted_and_not_cached(fresh_pool):
+    before = verify.timeouts()
+    for _ in range(2):
+        assert not verify.is_correct("math500", "\\boxed{9^{9^{9^{9}}}}", "1", timeout=0.5)
+    assert verify.timeouts() == before + 2
+
+
+class _TimedOutPool:
+    """Every comparison misses its deadline (a real one is slow to reach: see the test above)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def verify(self, gold, answer, timeout):
+        self.calls += 1
+        raise verify.VerifyTimeout("took too long")
+
+
+def test_the_step_metrics_report_verifications_that_timed_out(tiny_model_dir, tmp_path, monkeypatch):
+    from bfspo.training import step_metrics
+    from bfspo.training.trainer import Trainer
+
+    pool = _TimedOutPool()
+    monkeypatch.setattr(verify, "_pool", lambda: pool)
+    verify._verify_cached.cache_clear()
+    data = write_rows(tmp_path / "train.jsonl", [dict(q, answer="\\frac{x}{7}") for q in QUESTIONS])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    trainer = Trainer(train_config(tiny_model_dir, data, max_gen_rounds=1, oversample=1.0, budget=12), run_dir)
+    _, _, stats = trainer.rollout()
+    assert pool.calls > 0 and stats["verify_timeouts"] == pool.calls
+    assert step_metrics.step_row(1, step_metrics.merge_ranks([stats]))["rollout/verify_timeouts"] == pool.calls
+
+
+def test_the_evaluation_summary_reports_verifications_that_timed_out(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """A real timeout: the tiny model's answers are replaced by a pathological one."""
+    from bfspo.evaluation import evaluate as ev
+    from bfspo.rollout.base import Completion
+
+    class PathologicalEngine:
+        def __init__(self, tokenizer):
+            self.ids = tokenizer.encode("So the answer is \\boxed{9^{9^{9^{9}}}}.", add_special_tokens=False)
+
+        def generate(self, contexts, n, max_new_tokens, **kwargs):
+            return [[Completion(self.ids, [0.0] * len(self.ids), [0.0] * len(self.ids), True)] * n for _ in contexts]
+
+    monkeypatch.setattr(ev, "make_engine", lambda kind, model, tokenizer, **kw: PathologicalEngine(tokenizer))
+    monkeypatch.setattr(ev, "is_correct", lambda *a: verify.is_correct(*a, timeout=0.5))
+    data = write_rows(tmp_path / "gsm8k.jsonl", QUESTIONS[:1])
+    assert evaluate(tiny_model_dir, data, tmp_path / "out") == 0
+    assert read_json(tmp_path / "out" / "summary.json")["verify_timeouts"] == 1
+    assert [s["verify_timeout"] for _, s in read_jsonl(tmp_path / "out" / "samples.jsonl")] == [True]
+    assert "1 verification(s) missed their deadline and were scored wrong" in capsys.readouterr().out
+
+
+# ---- 4: temperature NaN and inf ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", ["nan", "inf", "-inf"])
+def test_evaluate_refuses_a_nan_or_infinite_temperature_before_writing(tiny_model_dir, tmp_path, capsys, temperature):
+    data = write_rows(tmp_path / "gsm8k.jsonl", QUESTIONS)
+    assert evaluate(tiny_model_dir, data, tmp_path / "out", f"--temperature={temperature}") == 2
+    assert f"temperature must be a finite number >= 0 (0 is greedy decoding), got {float(temperature)}" \
+        in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# ---- 5: a changed evaluation rerun ------------------------------------------------------------------
+
+
+def test_a_rerun_with_other_settings_moves_the_finished_results_away(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    from bfspo.evaluation import evaluate as ev
+
+    data = write_rows(tmp_path / "gsm8k.jsonl", QUESTIONS)
+    out = tmp_path / "out"
+    assert evaluate(tiny_model_dir, data, out, "--samples", "2", "--temperature", "1.0", "--batch-size", "2") == 0
+    finished = (out / "summary.json").read_text(), (out / "samples.jsonl").read_text()
+    batches = []
+
+    def killed_after_one_batch(*args):
+        if batches:
+            raise KeyboardInterrupt
+        batches.append(args)
+        return score(*args)
+
+    score = ev.score
+    monkeypatch.setattr(ev, "score", killed_after_one_batch)
+    capsys.readouterr()
+    assert evaluate(tiny_model_dir, data, out, "--samples", "2", "--temperature", "0.5", "--batch-size", "2") == 130
+    assert not (out / "summary.json").exists() and not (out / "samples.jsonl").exists()
+    assert (out / "samples.partial.jsonl").exists()
+    assert ((out / "previous" / "summary.json").read_text(), (out / "previous" / "samples.jsonl").read_text()) == finished
+    assert (f"{out}: moved the summary.json and samples.jsonl of an earlier evaluation (other temperature) to "
+            f"{out / 'previous'}; starting over") in capsys.readouterr().out
+
+
+def test_an_identical_rerun_of_a_finished_evaluation_is_already_done(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    from bfspo.evaluation import evaluate as ev
+
+    data = write_rows(tmp_path / "gsm8k.jsonl", QUESTIONS)
+    out = tmp_path / "out"
+    assert evaluate(tiny_model_dir, data, out, "--meta", "method=base") == 0
+    written = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".bfspo.lock"}
+
+    def no_generation(args):
+        raise AssertionError("the model was loaded again")
+
+    monkeypatch.setattr(ev, "build_engine", no_generation)
+    capsys.readouterr()
+    assert evaluate(tiny_model_dir, data, out, "--meta", "method=base") == 0
+    assert "already done with these settings" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".bfspo.lock"} == written
+
+
+# ---- 7: bad configs caught when the workflow is planned ---------------------------------------------
+
+
+def _plan(**edits):
+    """The runs and evaluations of a small valid plan, with `edits` applied to the run's settings."""
+    runs = {"r": dict(model="Qwen/Qwen2.5-3B-Instruct", train_data="d.jsonl", benchmark="gsm8k_train", budget=512,
+                      group_size=4, train_batch=8, mini_batch=4) | edits}
+    evaluations = [dict(model="Qwen/Qwen2.5-3B-Instruct", benchmark="gsm8k", budget=512)]
+    return runs, evaluations
+
+
+def test_the_plan_check_runs_each_run_through_the_trainers_validation(tiny_model_dir):
+    from bfspo.preflight import plan_problems
+
+    assert plan_problems(*_plan()) == []
+    assert plan_problems(*_plan(lr=float("nan"))) == ["config: lr must be a number > 0 and at most 1, got nan (run r)"]
+    assert plan_problems(*_plan(mini_batch=3)) == [
+        "config: train_batch (8) must be a multiple of mini_batch (3) (run r)"]
+    runs, evaluations = _plan()
+    evaluations.append(dict(model="Qwen/Qwen2.5-3B-Instruct", benchmark="aime25", budget=1024, samples=4,
+                            temperature=0))
+    assert plan_problems(runs, evaluations) == [
+        "evaluation: 4 samples per question at temperature 0 would all be the same greedy response (benchmark aime25)"]
+    # a local model folder's positions (the tiny model has 2048); a hub id is not looked up
+    runs, evaluations = _plan(model=str(tiny_model_dir), budget=4096)
+    evaluations.append(dict(model=str(tiny_model_dir), benchmark="math500", budget=2048))
+    assert plan_problems(runs, evaluations) == [
+        f"train: budget 4096 leaves no room for a prompt in the 2048 positions of model {tiny_model_dir} "
+        "(max_position_embeddings in its config.json) (run r)",
+        f"evaluation: budget 2048 leaves no room for a prompt in the 2048 positions of model {tiny_model_dir} "
+        "(max_position_embeddings in its config.json) (benchmark math500)"]
+
+
+def test_a_dry_run_stops_on_settings_every_job_would_refuse(tmp_path):
+    from tests.test_workflow import snakemake, write_config
+
+    def edit(c):
+        c["methods"]["dapo"]["train"] = {"lr": float("nan")}
+        c["methods"]["bfspo"]["train"] = {"mini_batch": 3}
+        c["benchmarks"]["toy"].update(samples=4, temperature=0)
+
+    proc = snakemake("-n", "--nolock", "--configfile", str(write_config(tmp_path, "config/config.yaml", edit)))
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "invalid config" in output
+    for problem in ("config: lr must be a number > 0 and at most 1, got nan (run toy_toy_dapo_s0)",
+                    "config: train_batch (64) must be a multiple of mini_batch (3) (run toy_toy_bfspo_s0)",
+                    "evaluation: 4 samples per question at temperature 0 would all be the same greedy response "
+                    "(benchmark toy)"):
+        assert problem in output
+
+
+# ---- 8: the low ones --------------------------------------------------------------------------------
+
+
+def test_train_refuses_duplicate_question_ids(tiny_model_dir, tmp_path):
+    from bfspo.model_io import load_tokenizer
+    from bfspo.training.trainer import load_questions
+
+    data = write_rows(tmp_path / "train.jsonl", QUESTIONS + [dict(QUESTIONS[1], question="Another question?")])
+    with pytest.raises(BfspoError, match=re.escape(f"{data}:4: duplicate id 'q1'")):
+        load_questions(train_config(tiny_model_dir, data), load_tokenizer(str(tiny_model_dir)), None)
+
+
+def test_a_data_path_that_is_a_directory_says_so(tmp_path):
+    with pytest.raises(BfspoError, match=re.escape(f"{tmp_path}: a directory, not a file")):
+        list(read_jsonl(tmp_path))
+
+
+def test_an_output_directory_that_is_a_symlink_loop_is_named(tmp_path):
+    from bfspo import runlock
+
+    (tmp_path / "out").symlink_to(tmp_path / "out")
+    with pytest.raises(BfspoError, match=r"out: a symbolic link \(to .*out\) that leads to no directory: it loops"):
+        with runlock.hold(tmp_path / "out", "train"):
+            pass
+
+
+def test_a_single_answer_per_question_is_refused_at_the_start():
+    from bfspo.training.config import TrainConfig
+
+    with pytest.raises(BfspoError, match="group_size 1 with k 0 gives each question a single answer"):
+        TrainConfig(model="m", train_data="d", group_size=1, k=0)
+    assert TrainConfig(model="m", train_data="d", group_size=1, k=1).group_size == 1  # expansions add answers
+
+
+def test_stripping_deeply_nested_wrappers_is_linear():
+    """8 million characters of wrappers: about 20 minutes if each wrapper removed copied the rest, as
+    it did (3.4 s for 400k characters); milliseconds now."""
+    n = 4_000_000
+    assert verify._strip_answer("$" * n + " \\(**42**\\)." + "$" * n) == "42"
+    assert verify._strip_answer("$" * n + "$x" + "$" * n) == "$x"  # one $ left unpaired
+    assert verify._strip_answer("$\\(" * 10_000 + ": 7 /" + "\\)$" * 10_000) == "7"
