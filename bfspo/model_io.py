@@ -140,9 +140,8 @@ def _check_loading_info(name: str, info: dict) -> None:
                         f"{list(expected)} in the model its config.json describes"
                         f"{', ...' if len(mismatched) > 1 else ''})")
     if problems:
-        raise BfspoError(f"{name}: its weights do not match its config.json: {'; '.join(problems)} weight "
-                         "tensor(s). A model loaded from them would be partly random; copy the model folder again "
-                         "or fix its config.json")
+        raise BfspoError(f"{name}: its weights do not match its config.json: {'; '.join(problems)}. A model "
+                         "loaded from them would be partly random; copy the model folder again or fix its config.json")
 
 
 def check_weights(name: str) -> None:
