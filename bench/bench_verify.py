@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--nest", type=int, nargs="+", default=[100_000, 200_000])
     args = parser.parse_args()
 
-    print(f"| threads | deadline s | correct answers scored False | workers alive | wall s |\n|---|---|---|---|---|")
+    print("| threads | deadline s | correct answers scored False | workers alive | wall s |\n|---|---|---|---|---|")
     for n in args.threads:
         out = subprocess.run([sys.executable, "-c", CALLERS, str(n), str(args.deadline)], capture_output=True,
                              text=True, check=True).stdout
