@@ -38,7 +38,7 @@ def train_config(model_dir, data, **overrides):
 
     values = dict(model=str(model_dir), train_data=str(data), benchmark="gsm8k_train", k=0, group_size=4, budget=16,
                   steps=1, train_batch=8, mini_batch=4, lr=1e-2, save_every=1, max_empty_steps=50, threads=1,
-                  wandb_mode="disabled", log_trees=False)
+                  wandb_mode="disabled", log_trees=0)
     return TrainConfig(**(values | overrides))
 
 
@@ -134,10 +134,10 @@ def test_train_and_evaluate_refuse_a_partly_random_model_before_any_work(tiny_mo
     ("top_p=.nan", "top_p must be a number"),
 ])
 def test_infinite_nan_or_absurd_values_are_refused_by_the_config(override, named):
-    from bfspo.training.config import load_config
+    from bfspo.training.config import load_train_config
 
     with pytest.raises(BfspoError, match=re.escape(named)):
-        load_config(None, ["model=m", "train_data=d", override])
+        load_train_config(None, ["model=m", "train_data=d", override])
 
 
 def _adam(lr, weight_decay=0.0):
@@ -329,7 +329,7 @@ def test_the_step_metrics_report_verifications_that_timed_out(tiny_model_dir, tm
     trainer = Trainer(train_config(tiny_model_dir, data, max_gen_rounds=1, oversample=1.0, budget=12), run_dir)
     _, _, stats = trainer.rollout()
     assert pool.calls > 0 and stats["verify_timeouts"] == pool.calls
-    assert step_metrics.step_row(1, step_metrics.merge_ranks([stats]))["rollout/verify_timeouts"] == pool.calls
+    assert step_metrics.step_row(1, step_metrics.reduce_ranks([stats]))["rollout/verify_timeouts"] == pool.calls
 
 
 def test_the_evaluation_summary_reports_verifications_that_timed_out(tiny_model_dir, tmp_path, monkeypatch, capsys):

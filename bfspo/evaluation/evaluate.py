@@ -212,7 +212,7 @@ def eval_summary(summary: dict) -> dict:
     return out
 
 
-def protocol(args) -> tuple[int, int, float]:
+def protocol_of(args) -> tuple[int, int, float]:
     """(budget, samples, temperature): the options, or the benchmark's protocol where not given;
     BfspoError for values that cannot work (bfspo.evaluation.protocol)."""
     benchmark = get_benchmark(args.benchmark)
@@ -226,7 +226,7 @@ def protocol(args) -> tuple[int, int, float]:
 
 
 def run(args) -> int:
-    protocol(args)  # before the lock creates the output folder
+    protocol_of(args)  # before the lock creates the output folder
     with runlock.hold(args.out_dir, "evaluate"):
         return evaluate(args)
 
@@ -258,14 +258,14 @@ def set_aside(out_dir: Path, settings: dict, meta: dict) -> None:
     previous.mkdir()
     for path in found:
         path.rename(previous / path.name)
-    tqdm.write(f"{out_dir}: moved the {' and '.join(p.name for p in found)} of an earlier evaluation ({differ}) "
-               f"to {previous}; starting over")
+    console.line(f"{out_dir}: moved the {' and '.join(p.name for p in found)} of an earlier evaluation ({differ}) "
+                 f"to {previous}; starting over")
 
 
 def evaluate(args) -> int:
     benchmark = get_benchmark(args.benchmark)
     meta = parse_meta(args.meta)
-    budget, samples, temperature = protocol(args)
+    budget, samples, temperature = protocol_of(args)
     settings = {"benchmark": benchmark.name, "model": args.model, "adapter": args.adapter, "data": str(args.data),
                 "limit": args.limit, "budget": budget, "samples": samples, "temperature": temperature,
                 "seed": args.seed, "batch_size": args.batch_size, "engine": args.engine,
