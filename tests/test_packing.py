@@ -1,15 +1,19 @@
-"""Tree packing against per-chain runs of a tiny Qwen2 model (float32): log-probs, entropies, loss, gradients."""
+"""Tree packing against per-chain runs of a tiny Qwen2 model (float32): log-probs, entropies, loss,
+gradients; the vectorised packer against the previous one; micro-batches and split trees."""
 
 import random
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards
 from bfspo.errors import BfspoError
 from bfspo.algorithm.loss import policy_loss
-from bfspo.algorithm.packing import pack_trees, packed_logprobs
+from bfspo.algorithm.packing import pack_trees, packed_logprobs, plan_micro_batches
 from bfspo.algorithm.tree import SearchTree
+from tests.helpers.trees import random_search_tree
 
 
 @pytest.fixture
@@ -64,15 +68,16 @@ def tokens_dfs(tree):
     return [(s, j) for s in tree.dfs() for j in range(len(tree.segments[s].token_ids))]
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attention,attn", [("tree", "sdpa"), ("dense", "sdpa"), ("dense", "eager")])
 @pytest.mark.parametrize("layout", ["tree", "flat"])
-def test_packed_logprobs_and_entropies_equal_per_chain_runs(model, attn, layout):
+def test_packed_logprobs_and_entropies_equal_per_chain_runs(model, attention, attn, layout):
+    """Against the model's own attention on each chain alone; `dense` is the [T, T]-mask reference."""
     model.set_attn_implementation(attn)
     vocab = model.config.vocab_size
-    trees = [random_tree(1, 7, vocab), random_tree(2, 3, vocab)]  # different prompt lengths: padding
+    trees = [random_tree(1, 7, vocab), random_tree(2, 3, vocab)]  # different prompt lengths, one row
     packed = pack_trees(trees, layout)
     with torch.no_grad():
-        logprobs, entropies = packed_logprobs(model, packed, chunk_size=7)
+        logprobs, entropies = packed_logprobs(model, packed, chunk_size=7, attention=attention)
     expected = []
     for t in trees:
         ref = chain_reference(model, t)
@@ -96,14 +101,15 @@ def test_tree_layout_computes_each_shared_token_once(model):
     # the packed row: depth-first tokens at positions prompt + depth, attending to their ancestors only
     seg0 = t.segments[t.dfs()[0]]
     assert p.position_ids[0, 4:4 + len(seg0.token_ids)].tolist() == list(range(4, 4 + len(seg0.token_ids)))
-    assert p.allowed[0].sum(-1).tolist() == p.position_ids[0].add(1).tolist()  # ancestors + itself
+    assert p.dense_mask().sum(-1).tolist() == p.position_ids[0].add(1).tolist()  # ancestors + itself
+    assert p.token_index.tolist() == list(range(t.n_tokens))
     assert p.old_logprobs.tolist() == [t.segments[s].logprobs[j] for s, j in tokens_dfs(t)]
     assert p.advantages.tolist() == pytest.approx([t.segments[s].advantage for s, _ in tokens_dfs(t)])
     assign_advantages(t, "global")
     g = pack_trees([t], "tree")
     assert g.n_entries == t.n_chain_tokens and g.positions.numel() == t.n_tokens + 1
     flat = pack_trees([t], "flat")
-    assert flat.input_ids.shape[0] == len(t.leaves()) and flat.n_entries == t.n_chain_tokens
+    assert flat.input_ids.shape[1] == t.n_chain_tokens + 4 * len(t.leaves()) and flat.n_entries == t.n_chain_tokens
     assert flat.positions.numel() > g.positions.numel()  # flat recomputes every shared prefix
     t2 = random_tree(4, 4, vocab)
     assert torch.isnan(pack_trees([t2]).advantages).all()  # no advantages assigned yet
@@ -111,7 +117,10 @@ def test_tree_layout_computes_each_shared_token_once(model):
         pack_trees([t], "packed")
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(BfspoError, match="4-D mask"):
-        packed_logprobs(model, p)
+        packed_logprobs(model, p, attention="dense")
+    with torch.no_grad():  # the tree kernels replace the model's attention, whatever it is
+        assert torch.isfinite(packed_logprobs(model, p)[0]).all()
+    assert model.config._attn_implementation == "flash_attention_2"  # and give it back
 
 
 def test_output_head_runs_in_chunks(model):
@@ -240,3 +249,173 @@ def test_trees_sampled_by_the_engine_pack_back_to_their_own_logprobs_and_entropi
     after = torch.tensor([h for t in trees for s in t.dfs() for h in t.segments[s].entropy_after])
     known = ~after.isnan()
     assert known.sum() > 0 and torch.allclose(entropies[known], after[known], atol=1e-4, rtol=0)
+
+
+# --- the vectorised packer against the previous one ---------------------------------------------
+
+
+def previous_pack_trees(trees, layout="tree"):
+    """The packer this module replaced (a per-position Python loop and an [R, L, L] mask), frozen
+    here as the reference: one right-padded row per tree (tree) or per chain (flat)."""
+    all_rows, entries = [], []
+    for ti, tree in enumerate(trees):
+        prompt = list(tree.prompt_ids)
+        where = {(-1, -1): {}}
+        if layout == "tree":
+            ids, parents, last_col = list(prompt), list(range(-1, len(prompt) - 1)), {}
+            for s in tree.dfs():
+                seg = tree.segments[s]
+                col = len(prompt) - 1 if seg.parent is None else last_col[seg.parent]
+                for j, t in enumerate(seg.token_ids):
+                    ids.append(t)
+                    parents.append(col)
+                    col = len(ids) - 1
+                    where[(s, j)] = {0: col}
+                last_col[s] = col
+            where[(-1, -1)][0] = len(prompt) - 1
+            rows = [(ids, parents)]
+        else:
+            rows = []
+            for r, leaf in enumerate(tree.leaves()):
+                ids = list(prompt)
+                for s in tree.path(leaf):
+                    for j, t in enumerate(tree.segments[s].token_ids):
+                        ids.append(t)
+                        where.setdefault((s, j), {})[r] = len(ids) - 1
+                where[(-1, -1)][r] = len(prompt) - 1
+                rows.append((ids, list(range(-1, len(ids) - 1))))
+
+        def entry(s, j, row, adv):
+            seg = tree.segments[s]
+            if j > 0:
+                prev = (s, j - 1)
+            else:
+                prev = (-1, -1) if seg.parent is None else (seg.parent, len(tree.segments[seg.parent].token_ids) - 1)
+            entries.append((ti, len(all_rows) + row, where[prev][row], where[(s, j)][row], seg.token_ids[j],
+                            seg.logprobs[j], float("nan") if adv is None else adv))
+
+        if tree.advantage_kind == "global":
+            for r, leaf in enumerate(tree.leaves()):
+                for s in tree.path(leaf):
+                    for j in range(len(tree.segments[s].token_ids)):
+                        entry(s, j, 0 if layout == "tree" else r, tree.segments[leaf].leaf.advantage)
+        else:
+            for s in tree.dfs():
+                for j in range(len(tree.segments[s].token_ids)):
+                    entry(s, j, min(where[(s, j)]), tree.segments[s].advantage)
+        all_rows.extend(rows)
+
+    length = max(len(ids) for ids, _ in all_rows)
+    input_ids = torch.zeros(len(all_rows), length, dtype=torch.long)
+    position_ids = torch.zeros(len(all_rows), length, dtype=torch.long)
+    allowed = torch.zeros(len(all_rows), length, length, dtype=torch.bool)
+    for r, (ids, parents) in enumerate(all_rows):
+        input_ids[r, :len(ids)] = torch.tensor(ids)
+        for i, p in enumerate(parents):
+            if p >= 0:
+                allowed[r, i] = allowed[r, p]
+                position_ids[r, i] = position_ids[r, p] + 1
+            allowed[r, i, i] = True
+        allowed[r, range(len(ids), length), range(len(ids), length)] = True
+    flat = [(row * length + pc, row * length + oc) for _, row, pc, oc, *_ in entries]
+    needed = sorted({x for pair in flat for x in pair})
+    index = {x: i for i, x in enumerate(needed)}
+    return SimpleNamespace(
+        lengths=[len(ids) for ids, _ in all_rows], input_ids=input_ids, position_ids=position_ids, allowed=allowed,
+        positions=torch.tensor(needed), parent=torch.tensor([index[p] for p, _ in flat]),
+        own=torch.tensor([index[o] for _, o in flat]), targets=torch.tensor([e[4] for e in entries]),
+        old_logprobs=torch.tensor([e[5] for e in entries], dtype=torch.float32),
+        advantages=torch.tensor([e[6] for e in entries], dtype=torch.float32),
+        tree_index=torch.tensor([e[0] for e in entries]), n_unique_tokens=sum(t.n_tokens for t in trees))
+
+
+@pytest.mark.parametrize("layout", ["tree", "flat"])
+def test_vectorised_packer_equals_the_previous_packer(layout):
+    """Same rows (the previous padded rows side by side in one unpadded row), positions, masks and
+    entries, on random trees of every advantage kind, K = 0 to 3."""
+    for seed in range(24):
+        kind = ("branch", "global", None)[seed % 3]
+        trees = [random_search_tree(seed * 10 + i, prompt_len=1 + (seed + i) % 5, vocab=50, group=1 + seed % 4,
+                                    k=seed % 4, advantage=kind) for i in range(3)]
+        old, new = previous_pack_trees(trees, layout), pack_trees(trees, layout)
+        starts = np.cumsum([0] + old.lengths[:-1])
+        assert new.input_ids.shape == (1, sum(old.lengths))
+        dense = new.dense_mask()
+        for r, (a, n) in enumerate(zip(starts, old.lengths)):
+            assert torch.equal(new.input_ids[0, a:a + n], old.input_ids[r, :n])
+            assert torch.equal(new.position_ids[0, a:a + n], old.position_ids[r, :n])
+            assert torch.equal(dense[a:a + n, a:a + n], old.allowed[r, :n, :n])
+            assert not dense[a:a + n, :a].any() and not dense[a:a + n, a + n:].any()  # rows never see each other
+        width = old.input_ids.shape[1]
+        assert new.positions.tolist() == [starts[x // width] + x % width for x in old.positions.tolist()]
+        for name in ("parent", "own", "targets", "tree_index", "old_logprobs"):
+            assert torch.equal(getattr(new, name), getattr(old, name)), name
+        assert torch.equal(new.advantages.isnan(), old.advantages.isnan())
+        assert torch.equal(new.advantages.nan_to_num(), old.advantages.nan_to_num())
+        assert new.n_unique_tokens == old.n_unique_tokens and new.layout == layout
+
+
+# --- tree attention and micro-batches -----------------------------------------------------------
+
+
+def entry_values(packed, logprobs, entropies):
+    """(tree, token index, entry number) -> (log-prob, entropy) of each entry."""
+    return {(t, x, e): (lp, h) for e, (t, x, lp, h) in enumerate(zip(
+        packed.tree_index.tolist(), packed.token_index.tolist(), logprobs.tolist(), entropies.tolist()))}
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_tree_attention_equals_the_dense_reference_on_random_trees(model, k):
+    vocab = model.config.vocab_size
+    for kind in ("branch", "global"):
+        trees = [random_search_tree(100 * k + i, prompt_len=2 + i, vocab=vocab, group=6, k=k, max_len=40,
+                                    advantage=kind) for i in range(3)]
+        packed = pack_trees(trees)
+        with torch.no_grad():
+            tree = packed_logprobs(model, packed)
+            dense = packed_logprobs(model, packed, attention="dense")
+        assert packed.input_ids.shape[1] > 256  # more than one query block of the CPU kernel
+        for a, b in zip(tree, dense):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_split_trees_give_the_same_logprobs_and_entropies(model):
+    """Micro-batches of whole trees, and trees cut into pieces that carry their ancestors: every
+    entry appears once and keeps its log-prob and entropy."""
+    vocab = model.config.vocab_size
+    for kind in ("branch", "global"):
+        trees = [random_search_tree(7 + i, prompt_len=3 + i, vocab=vocab, group=4, k=3, max_len=15, advantage=kind)
+                 for i in range(3)]
+        whole = pack_trees(trees)
+        with torch.no_grad():
+            reference = entry_values(whole, *packed_logprobs(model, whole))
+        longest = max(len(t.prompt_ids) + t.n_tokens for t in trees)
+        for budget in (sum(len(t.prompt_ids) + t.n_tokens for t in trees), longest, longest - 1, 70, 48):
+            batches = plan_micro_batches(trees, budget)
+            values, counts = {}, {}
+            for pieces in batches:
+                packed = pack_trees(trees, pieces=pieces)
+                assert packed.input_ids.shape[1] == sum(p.tokens for p in pieces) <= budget
+                with torch.no_grad():
+                    lp, ent = packed_logprobs(model, packed)
+                for (t, x, _), v in entry_values(packed, lp, ent).items():
+                    values.setdefault((t, x), []).append(v)
+            for (t, x, _), (lp, h) in reference.items():
+                got = values[(t, x)]
+                counts[(t, x)] = counts.get((t, x), 0) + 1
+                assert all(abs(g[0] - lp) < 1e-5 and abs(g[1] - h) < 1e-5 for g in got)
+            assert all(len(values[key]) == n for key, n in counts.items())  # each entry exactly once
+            assert any(p.lo > 0 for b in batches for p in b) == (budget < longest)  # only a tree too long is cut
+
+
+def test_micro_batch_plan_keeps_whole_trees_and_refuses_a_budget_below_one_chain():
+    trees = [random_search_tree(i, prompt_len=5, vocab=50, group=3, k=2) for i in range(4)]
+    sizes = [5 + t.n_tokens for t in trees]
+    plan = plan_micro_batches(trees, max(sizes))
+    assert sorted(p.tree for b in plan for p in b) == [0, 1, 2, 3]
+    assert all(p.lo == 0 and p.hi == trees[p.tree].n_tokens and p.tokens == sizes[p.tree] for b in plan for p in b)
+    assert all(sum(p.tokens for p in b) <= max(sizes) for b in plan)
+    assert [[p.tree for p in b] for b in plan_micro_batches(trees, sum(sizes))] == [[0, 1, 2, 3]]
+    deepest = max(int(d) for t in trees for d in [t.segments[i].leaf.length for i in t.leaves()])
+    with pytest.raises(BfspoError, match="micro_batch_tokens"):
+        plan_micro_batches(trees, 5 + deepest - 1)

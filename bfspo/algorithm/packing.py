@@ -1,17 +1,30 @@
-"""Tree-packed log-probs: each unique tree token's log pi_theta computed once (Sec. 4.2, Eq. 10).
+"""Tree-packed log-probs: each unique tree token's log pi_theta computed once (Sec. 4.2, Eq. 10), in
+micro-batches of at most `micro_batch_tokens` tokens.
 
-`pack_trees` lays trees out as rows for one forward pass and lists the loss entries;
-`packed_logprobs` runs the model and returns one log-prob and one entropy per entry. The rest of
-the code only relies on what these two functions return (the tests pin it down against separate
-per-chain runs), so a faster layout can replace this one without touching the trainer.
+`plan_micro_batches` cuts trees into micro-batches; `pack_trees` lays one micro-batch out for one
+forward pass and lists its loss entries; `packed_logprobs` runs the model and returns one log-prob
+and one entropy per entry. The rest of the code only relies on what these functions return (the
+tests pin it down against separate per-chain runs), so a faster layout can replace this one
+without touching the trainer.
 
-Layouts:
+Layouts (one row, no padding: the rows of several trees are concatenated):
 
-* "tree": one row per tree: the prompt, then every segment in depth-first order. Position ids are
-  depths (prompt position + depth), and a token attends only to the prompt and to its ancestors
-  (itself included), through a 4-D additive attention mask that transformers passes to the
-  attention kernel unchanged (sdpa and eager both accept it). Shared prefixes are computed once.
-* "flat": one row per complete chain (prompt + root-to-leaf tokens), causal: what DAPO computes.
+* "tree": per tree, the prompt, then every segment in depth-first order. Position ids are depths
+  (prompt position + depth), and a token attends only to its tree's prompt and to its ancestors
+  (itself included). In depth-first order the subtree of token j is the run [j, ends[j]), so the
+  mask is one interval end per token: query k sees key j iff j <= k < ends[j]
+  (bfspo.algorithm.tree_attention). Shared prefixes are computed once.
+* "flat": one causal run per complete chain (prompt + root-to-leaf tokens): what DAPO computes.
+
+Micro-batches (`plan_micro_batches`, tree layout): whole trees, first fit in order, while a
+micro-batch holds at most `max_tokens` row tokens. A tree whose row is longer is cut into pieces
+along its depth-first order: tokens lo..hi-1, preceded in their row by the prompt and by the
+ancestors of token lo. Every ancestor of a later token of the piece that lies before lo is an
+ancestor of lo (it precedes lo and its subtree reaches past lo), so each token of the piece still
+sees exactly its own prompt and ancestors, and a piece of a tree costs
+prompt + (depth(lo) - 1) + (hi - lo) row tokens. A piece holds the entries of its own tokens only;
+the ancestors before lo are context. Splitting therefore changes no log-prob, only what one forward
+pass holds; the loss keeps the global entry count as its normaliser (bfspo.training.trainer).
 
 Entries (one log-prob each), decided by each tree's advantage kind:
 
@@ -22,10 +35,26 @@ Entries (one log-prob each), decided by each tree's advantage kind:
 
 A token's log-prob comes from the logits at its PARENT position (the last prompt token for the
 first generated token); its entropy is the entropy AFTER it (at its own position), as stored in
-the tree. Log-softmax and entropy go through the output head in chunks of rows, in the logsumexp
-form, and under activation checkpointing when gradients are on, so no float32 [tokens x vocab]
-tensor ever exists whole, in the forward or in the backward pass. This assumes
+the tree. Log-softmax and entropy go through the output head in chunks of `chunk_size` positions,
+in the logsumexp form, and under activation checkpointing when gradients are on, so no float32
+[tokens x vocab] tensor ever exists whole, in the forward or in the backward pass. This assumes
 logits = lm_head(last hidden state), true for Qwen2 and Llama (no logit soft-capping or scaling).
+
+What one micro-batch of T row tokens (T <= micro_batch_tokens), N needed positions (N <= T) and E
+entries materialises, for a model with hidden size h, Hq query and Hkv key/value heads of size d,
+vocabulary V, in the model's dtype unless said otherwise:
+
+* inputs: input_ids, position_ids [1, T] and ends [T], int64; positions [N], parent, own,
+  targets, tree_index, token_index [E], int64; old_logprobs, advantages [E], float32;
+* the decoder's activations for T tokens, as for any causal LM forward of one row of T tokens
+  (none of them T x T); the tree attention of each layer saves q [Hq, T, d], k and v [Hkv, T, d],
+  its output [Hq, T, d] and a float32 log-sum-exp [Hq, T] for the backward pass, and holds at
+  most one query block's float32 scores at a time (bfspo.algorithm.tree_attention);
+* the last hidden state [T, h] and its needed rows [N, h];
+* the output head, one chunk at a time: float32 logits [chunk_size, V] and the same-sized
+  probabilities for the entropy (recomputed in the backward pass, one chunk at a time); per chunk
+  a float32 log-sum-exp and entropy [chunk_size], kept for all N rows: [N] each;
+* outputs: log-probs and entropies [E], float32.
 """
 
 from __future__ import annotations
@@ -33,141 +62,240 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from bfspo.errors import BfspoError
 from bfspo.algorithm.tree import SearchTree
+from bfspo.algorithm.tree_attention import use_tree_attention
 
 LAYOUTS = ("tree", "flat")
+ATTENTIONS = ("tree", "dense")  # dense: the [T, T] reference mask, for tests and benchmarks only
 MASKED_ATTENTION = ("sdpa", "eager")  # implementations that apply a dense 4-D additive mask as given
-NAN = float("nan")
 
 
 @dataclass
 class PackedBatch:
-    """Rows for one forward pass, and the loss entries read from it.
+    """One row for one forward pass, and the loss entries read from it.
 
-    R rows of length L; N positions whose next-token distribution is needed; E entries.
+    T row tokens; N positions whose next-token distribution is needed; E entries.
     """
 
-    input_ids: torch.Tensor  # [R, L] long (padding: token 0, never read)
-    position_ids: torch.Tensor  # [R, L] long
-    allowed: torch.Tensor  # [R, L, L] bool: query i may attend key j
-    positions: torch.Tensor  # [N] long: flat index row * L + col of each needed position
+    input_ids: torch.Tensor  # [1, T] long
+    position_ids: torch.Tensor  # [1, T] long
+    ends: torch.Tensor  # [T] long: query k may attend key j iff j <= k < ends[j]
+    positions: torch.Tensor  # [N] long: row index of each needed position
     parent: torch.Tensor  # [E] long: index into `positions` of the distribution the entry token was drawn from
     own: torch.Tensor  # [E] long: index into `positions` of the entry token itself (entropy after it)
     targets: torch.Tensor  # [E] long: the entry's token id
     old_logprobs: torch.Tensor  # [E] float32: log pi_old, from the tree
     advantages: torch.Tensor  # [E] float32: Eq. 9 or Eq. 1 (NaN where the tree has none yet)
     tree_index: torch.Tensor  # [E] long: which of the packed trees the entry belongs to
+    token_index: torch.Tensor  # [E] long: the entry token's index in its tree's depth-first order
     layout: str
-    n_unique_tokens: int  # sum of |T| over the packed trees
+    n_unique_tokens: int  # tree tokens whose entries this batch holds (sum of |T| for whole trees)
 
     @property
     def n_entries(self) -> int:
-        """The normaliser of the loss: |T| (branch) or sum_i |o_i| (global) over the packed trees."""
+        """The entries' count: |T| (branch) or sum_i |o_i| (global) over the packed tokens."""
         return int(self.targets.numel())
 
     def to(self, device) -> "PackedBatch":
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return PackedBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in values.items()})
 
-
-Row = tuple[list[int], list[int]]  # token ids, parent column of each
-
-
-def _rows(tree: SearchTree, layout: str) -> tuple[list[Row], dict[tuple[int, int], dict[int, int]]]:
-    """The rows of one tree as (token ids, parent column of each), and where each token sits.
-
-    `where[(s, j)]` maps row -> column of token j of segment s in every row that holds it; the key
-    (-1, -1) stands for the last prompt token. The prompt's first token has parent column -1.
-    """
-    prompt = list(tree.prompt_ids)
-    where: dict[tuple[int, int], dict[int, int]] = {(-1, -1): {}}
-    if layout == "tree":
-        ids, parents, last_col = list(prompt), list(range(-1, len(prompt) - 1)), {}
-        for s in tree.dfs():
-            seg = tree.segments[s]
-            col = len(prompt) - 1 if seg.parent is None else last_col[seg.parent]
-            for j, t in enumerate(seg.token_ids):
-                ids.append(t)
-                parents.append(col)
-                col = len(ids) - 1
-                where[(s, j)] = {0: col}
-            last_col[s] = col
-        where[(-1, -1)][0] = len(prompt) - 1
-        return [(ids, parents)], where
-    rows = []
-    for r, leaf in enumerate(tree.leaves()):
-        ids = list(prompt)
-        for s in tree.path(leaf):
-            for j, t in enumerate(tree.segments[s].token_ids):
-                ids.append(t)
-                where.setdefault((s, j), {})[r] = len(ids) - 1
-        where[(-1, -1)][r] = len(prompt) - 1
-        rows.append((ids, list(range(-1, len(ids) - 1))))
-    return rows, where
+    def dense_mask(self) -> torch.Tensor:
+        """[T, T] bool: query i may attend key j. Quadratic: the reference, for tests and benchmarks."""
+        cols = torch.arange(self.ends.numel(), device=self.ends.device)
+        return (cols.unsqueeze(0) <= cols.unsqueeze(1)) & (cols.unsqueeze(1) < self.ends.unsqueeze(0))
 
 
-def pack_trees(trees: Sequence[SearchTree], layout: str = "tree") -> PackedBatch:
-    """Lay out whole trees for `packed_logprobs` and list their loss entries (see the module doc)."""
+@dataclass
+class TreeTokens:
+    """One tree's generated tokens in depth-first order (the order of its packed row)."""
+
+    prompt: np.ndarray  # [P] prompt ids
+    ids: np.ndarray  # [n] token ids
+    depth: np.ndarray  # [n] depth (1: the first generated token)
+    parent: np.ndarray  # [n] index of the parent token; -1: the prompt's last token
+    end: np.ndarray  # [n] end (exclusive) of the token's subtree
+    logprobs: np.ndarray  # [n] log pi_old, from the tree
+    advantage: np.ndarray  # [n] the segment's advantage (Eq. 9), NaN where unset
+    chains: list[tuple[float, np.ndarray]]  # per leaf (leaf order): (its advantage, its path's token indices)
+
+
+def tree_tokens(tree: SearchTree) -> TreeTokens:
+    """The arrays of one tree's depth-first token order: a loop over segments, none over tokens."""
+    order = tree.dfs()
+    size = {}
+    for s in reversed(order):  # tokens in the subtree of each segment
+        seg = tree.segments[s]
+        size[s] = len(seg.token_ids) + sum(size[c] for c in seg.children)
+    ids, logprobs, advantage, parent, depth, end = [], [], [], [], [], []
+    offset = {}
+    for s in order:
+        seg = tree.segments[s]
+        o, m = len(ids), len(seg.token_ids)
+        offset[s] = o
+        ids += seg.token_ids
+        logprobs += seg.logprobs
+        advantage += [np.nan if seg.advantage is None else seg.advantage] * m
+        parent.append(-1 if seg.parent is None else offset[seg.parent] + len(tree.segments[seg.parent].token_ids) - 1)
+        parent += range(o, o + m - 1)
+        depth += range(seg.start, seg.start + m)
+        end += [o + size[s]] * m
+    chains = []
+    for leaf in tree.leaves():
+        path = [np.arange(offset[s], offset[s] + len(tree.segments[s].token_ids)) for s in tree.path(leaf)]
+        adv = tree.segments[leaf].leaf.advantage
+        chains.append((np.nan if adv is None else adv, np.concatenate(path)))
+    as_int = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    return TreeTokens(prompt=as_int(tree.prompt_ids), ids=as_int(ids), depth=as_int(depth), parent=as_int(parent),
+                      end=as_int(end), logprobs=np.asarray(logprobs, dtype=np.float64),
+                      advantage=np.asarray(advantage, dtype=np.float64), chains=chains)
+
+
+def n_entries(tree: SearchTree) -> int:
+    """Loss entries of a whole tree: |T| (branch advantage, Eq. 10) or sum_i |o_i| (global, Eq. 2)."""
+    return tree.n_chain_tokens if tree.advantage_kind == "global" else tree.n_tokens
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Tokens lo..hi-1 (depth-first order) of trees[tree], in a row after its prompt and the
+    ancestors of token lo; `tokens` is that row's length. A whole tree is lo = 0, hi = |T|."""
+
+    tree: int
+    lo: int
+    hi: int
+    tokens: int
+
+
+def plan_micro_batches(trees: Sequence[SearchTree], max_tokens: int) -> list[list[Piece]]:
+    """Micro-batches of at most `max_tokens` row tokens: whole trees, first fit in order; a tree
+    longer than `max_tokens` is cut into pieces along its depth-first order (see the module doc),
+    each as long as the budget allows. A chain that alone exceeds the budget is an error."""
+    pieces = []
+    for i, tree in enumerate(trees):
+        p, n = len(tree.prompt_ids), tree.n_tokens
+        if p + n <= max_tokens:
+            pieces.append(Piece(i, 0, n, p + n))
+            continue
+        depth = tree_tokens(tree).depth
+        lo = 0
+        while lo < n:
+            context = p + int(depth[lo]) - 1
+            if context >= max_tokens:
+                raise BfspoError(f"micro_batch_tokens={max_tokens} cannot hold one token of a chain: its prompt "
+                                 f"({p} tokens) and its {int(depth[lo]) - 1} ancestors already fill it; raise "
+                                 "micro_batch_tokens above the longest prompt plus the budget")
+            hi = min(n, lo + max_tokens - context)
+            pieces.append(Piece(i, lo, hi, context + hi - lo))
+            lo = hi
+    batches: list[list[Piece]] = []
+    free: list[int] = []
+    for piece in pieces:
+        slot = next((b for b, room in enumerate(free) if room >= piece.tokens), None)
+        if slot is None:
+            batches.append([])
+            free.append(max_tokens)
+            slot = len(batches) - 1
+        batches[slot].append(piece)
+        free[slot] -= piece.tokens
+    return batches
+
+
+def _ancestors(parent: np.ndarray, x: int) -> np.ndarray:
+    """Indices of the ancestors of token x (root first)."""
+    out = []
+    x = int(parent[x])
+    while x >= 0:
+        out.append(x)
+        x = int(parent[x])
+    return np.asarray(out[::-1], dtype=np.int64)
+
+
+def pack_trees(trees: Sequence[SearchTree], layout: str = "tree", pieces: Sequence[Piece] | None = None) -> PackedBatch:
+    """Lay out whole trees (or, in the tree layout, the given `pieces` of them) as one row for
+    `packed_logprobs`, and list their loss entries (see the module doc)."""
     if layout not in LAYOUTS:
         raise BfspoError(f"unknown packing layout {layout!r}; expected one of {LAYOUTS}")
     if not trees:
         raise ValueError("pack_trees needs at least one tree")
-    all_rows: list[Row] = []
-    entries: list[tuple] = []  # (tree, row, parent column, own column, token id, old log-prob, advantage)
-    for ti, tree in enumerate(trees):
-        rows, where = _rows(tree, layout)
+    if pieces is not None and layout != "tree":
+        raise ValueError("pieces of trees are rows of the tree layout")
+    cache: dict[int, TreeTokens] = {}
 
-        def entry(s: int, j: int, row: int, adv: float | None) -> None:
-            seg = tree.segments[s]
-            if j > 0:
-                prev = (s, j - 1)
+    def tokens_of(i: int) -> TreeTokens:
+        if i not in cache:
+            cache[i] = tree_tokens(trees[i])
+        return cache[i]
+
+    rows: list[tuple] = []  # (ids, positions, ends) of each run, ends relative to the run
+    entries: list[tuple] = []  # (tree, token index, own column, parent column, advantage) arrays, columns in the run
+    offset = 0
+    unique = 0
+    if layout == "tree":
+        whole = [Piece(i, 0, t.n_tokens, len(t.prompt_ids) + t.n_tokens) for i, t in enumerate(trees)]
+        for piece in whole if pieces is None else pieces:
+            tt, tree = tokens_of(piece.tree), trees[piece.tree]
+            p = len(tt.prompt)
+            sub = np.concatenate([_ancestors(tt.parent, piece.lo), np.arange(piece.lo, piece.hi)])
+            n = len(sub)
+            rows.append((np.concatenate([tt.prompt, tt.ids[sub]]), np.concatenate([np.arange(p), p - 1 + tt.depth[sub]]),
+                         np.concatenate([np.full(p, p + n), p + np.searchsorted(sub, tt.end[sub])])))
+            if tree.advantage_kind == "global":
+                paths = np.concatenate([c for _, c in tt.chains])
+                adv = np.repeat([a for a, _ in tt.chains], [len(c) for _, c in tt.chains])
+                keep = (paths >= piece.lo) & (paths < piece.hi)
+                tok, adv = paths[keep], adv[keep]
             else:
-                prev = (-1, -1) if seg.parent is None else (seg.parent, len(tree.segments[seg.parent].token_ids) - 1)
-            entries.append((ti, len(all_rows) + row, where[prev][row], where[(s, j)][row], seg.token_ids[j],
-                            seg.logprobs[j], NAN if adv is None else adv))
+                tok = np.arange(piece.lo, piece.hi)
+                adv = tt.advantage[tok]
+            own = p + n - (piece.hi - tok)  # the piece's tokens close the run
+            par = tt.parent[tok]
+            par_col = np.where(par < 0, p - 1, p + np.searchsorted(sub, np.maximum(par, 0)))
+            entries.append((piece.tree, tok, offset + own, offset + par_col, adv))
+            offset += p + n
+            unique += piece.hi - piece.lo
+    else:
+        for i, tree in enumerate(trees):
+            tt = tokens_of(i)
+            p = len(tt.prompt)
+            first = np.full(len(tt.ids), -1, dtype=np.int64)  # run start of the first chain holding each token
+            for adv, path in tt.chains:
+                n = len(path)
+                rows.append((np.concatenate([tt.prompt, tt.ids[path]]), np.arange(p + n), np.full(p + n, p + n)))
+                if tree.advantage_kind == "global":
+                    own = offset + p + np.arange(n)
+                    entries.append((i, path, own, own - 1, np.full(n, adv)))
+                fresh = path[first[path] < 0]
+                first[fresh] = offset
+                offset += p + n
+            if tree.advantage_kind != "global":
+                tok = np.arange(len(tt.ids))
+                own = first + p + tt.depth - 1
+                entries.append((i, tok, own, own - 1, tt.advantage))
+            unique += tree.n_tokens
 
-        if tree.advantage_kind == "global":  # one entry per token of each chain
-            for r, leaf in enumerate(tree.leaves()):
-                for s in tree.path(leaf):
-                    for j in range(len(tree.segments[s].token_ids)):
-                        entry(s, j, 0 if layout == "tree" else r, tree.segments[leaf].leaf.advantage)
-        else:  # one entry per unique token (in the flat layout: read from the first chain holding it)
-            for s in tree.dfs():
-                for j in range(len(tree.segments[s].token_ids)):
-                    entry(s, j, min(where[(s, j)]), tree.segments[s].advantage)
-        all_rows.extend(rows)
-
-    length = max(len(ids) for ids, _ in all_rows)
-    n_rows = len(all_rows)
-    input_ids = torch.zeros(n_rows, length, dtype=torch.long)
-    position_ids = torch.zeros(n_rows, length, dtype=torch.long)
-    allowed = torch.zeros(n_rows, length, length, dtype=torch.bool)
-    for r, (ids, parents) in enumerate(all_rows):
-        input_ids[r, :len(ids)] = torch.tensor(ids)
-        for i, p in enumerate(parents):  # parents come before children
-            if p >= 0:
-                allowed[r, i] = allowed[r, p]
-                position_ids[r, i] = position_ids[r, p] + 1
-            allowed[r, i, i] = True
-        allowed[r, range(len(ids), length), range(len(ids), length)] = True  # padding sees itself only
-
-    flat = [(row * length + pc, row * length + oc) for _, row, pc, oc, *_ in entries]
-    needed = sorted({x for pair in flat for x in pair})
-    index = {x: i for i, x in enumerate(needed)}
+    run_starts = np.cumsum([0] + [len(ids) for ids, _, _ in rows[:-1]])
+    ends = np.concatenate([start + e for start, (_, _, e) in zip(run_starts, rows)])
+    own = np.concatenate([e[2] for e in entries])
+    par = np.concatenate([e[3] for e in entries])
+    needed = np.unique(np.concatenate([par, own]))
+    long = lambda x: torch.as_tensor(np.asarray(x, dtype=np.int64))  # noqa: E731
     return PackedBatch(
-        input_ids=input_ids, position_ids=position_ids, allowed=allowed,
-        positions=torch.tensor(needed, dtype=torch.long),
-        parent=torch.tensor([index[p] for p, _ in flat], dtype=torch.long),
-        own=torch.tensor([index[o] for _, o in flat], dtype=torch.long),
-        targets=torch.tensor([e[4] for e in entries], dtype=torch.long),
-        old_logprobs=torch.tensor([e[5] for e in entries], dtype=torch.float32),
-        advantages=torch.tensor([e[6] for e in entries], dtype=torch.float32),
-        tree_index=torch.tensor([e[0] for e in entries], dtype=torch.long),
-        layout=layout, n_unique_tokens=sum(t.n_tokens for t in trees),
+        input_ids=long(np.concatenate([ids for ids, _, _ in rows])).unsqueeze(0),
+        position_ids=long(np.concatenate([pos for _, pos, _ in rows])).unsqueeze(0),
+        ends=long(ends), positions=long(needed),
+        parent=long(np.searchsorted(needed, par)), own=long(np.searchsorted(needed, own)),
+        targets=long(np.concatenate([tokens_of(t).ids[tok] for t, tok, *_ in entries])),
+        old_logprobs=torch.as_tensor(np.concatenate([tokens_of(t).logprobs[tok] for t, tok, *_ in entries]),
+                                     dtype=torch.float32),
+        advantages=torch.as_tensor(np.concatenate([e[4] for e in entries]), dtype=torch.float32),
+        tree_index=long(np.concatenate([np.full(len(tok), t) for t, tok, *_ in entries])),
+        token_index=long(np.concatenate([tok for _, tok, *_ in entries])), layout=layout, n_unique_tokens=int(unique),
     )
 
 
@@ -181,25 +309,35 @@ def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, rows: torch.Tensor,
     return lse, entropy, logits[rows, targets]
 
 
-def packed_logprobs(model: torch.nn.Module, packed: PackedBatch,
-                    chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_logprobs(model: torch.nn.Module, packed: PackedBatch, chunk_size: int = 1024,
+                    attention: str = "tree") -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs [E], entropies [E]) of the packed entries under `model` (float32).
 
     log-probs carry gradients when autograd is on; entropies (after each entry token) never do.
     `model` is a causal LM (or a peft wrapper of one) with get_decoder() and get_output_embeddings().
+    attention: "tree", the interval kernels of bfspo.algorithm.tree_attention (memory linear in
+    the tokens), or "dense", the model's own sdpa or eager attention under a [T, T] additive mask
+    (the reference: quadratic memory).
     """
-    attn = model.config._attn_implementation
-    if attn not in MASKED_ATTENTION:
-        raise BfspoError(f"tree packing needs an attention implementation that takes a 4-D mask "
-                         f"{MASKED_ATTENTION}, the model uses {attn!r}")
+    if attention not in ATTENTIONS:
+        raise BfspoError(f"unknown attention {attention!r}; expected one of {ATTENTIONS}")
     body, head = model.get_decoder(), model.get_output_embeddings()
     device = packed.input_ids.device
-    dtype = model.get_input_embeddings().weight.dtype
-    mask = torch.zeros(packed.allowed.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~packed.allowed, torch.finfo(dtype).min)
-    hidden = body(input_ids=packed.input_ids, attention_mask=mask.unsqueeze(1),
-                  position_ids=packed.position_ids, use_cache=False).last_hidden_state
-    hidden = hidden.reshape(-1, hidden.shape[-1])[packed.positions]
+    if attention == "tree":
+        with use_tree_attention(model):
+            hidden = body(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                          tree_ends=packed.ends).last_hidden_state
+    else:
+        attn = model.config._attn_implementation
+        if attn not in MASKED_ATTENTION:
+            raise BfspoError(f"the dense reference needs an attention implementation that takes a 4-D mask "
+                             f"{MASKED_ATTENTION}, the model uses {attn!r}")
+        dtype = model.get_input_embeddings().weight.dtype
+        mask = torch.zeros(packed.dense_mask().shape, dtype=dtype, device=device)
+        mask.masked_fill_(~packed.dense_mask(), torch.finfo(dtype).min)
+        hidden = body(input_ids=packed.input_ids, attention_mask=mask[None, None], position_ids=packed.position_ids,
+                      use_cache=False).last_hidden_state
+    hidden = hidden[0][packed.positions]
 
     order = torch.argsort(packed.parent, stable=True)  # entries grouped by the chunk of their parent
     sorted_parent = packed.parent[order]

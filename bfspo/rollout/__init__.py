@@ -1,8 +1,8 @@
 """Rollout engines: sample n continuations of many contexts, with per-token log-probs (and
 entropies where the engine has the full distribution).
 
-`make_engine` picks one by name; each engine module is imported only when chosen, so vLLM is never
-imported unless `engine: vllm` is asked for.
+`make_engine` picks one by name, the same way for training and evaluation; each engine module is
+imported only when chosen, so vLLM is never imported unless `engine: vllm` is asked for.
 """
 
 from __future__ import annotations
@@ -11,8 +11,16 @@ from bfspo.errors import BfspoError
 from bfspo.rollout.base import RolloutEngine
 
 
-def make_engine(name: str, model, tokenizer, **kw) -> RolloutEngine:
-    """The engine called `name`: "transformers" or "vllm" (vLLM is imported only here, when chosen)."""
+def make_engine(name: str, model, tokenizer, *, micro_batch_tokens: int | None = None, **kw) -> RolloutEngine:
+    """The engine called `name`: "transformers" or "vllm" (vLLM is imported only here, when chosen).
+
+    Given a training model, vLLM's engine comes wrapped in `RescoredEngine`: vLLM returns neither the
+    full-distribution entropies that backtracking needs nor log-probs in the trainer's numerics
+    (docs/algorithm.md, "Old log-probs"), so the training model rescores its samples, in
+    micro-batches of `micro_batch_tokens` row tokens. The transformers engine samples from the
+    training model itself and returns both exactly: it needs no rescoring. Evaluation (no training
+    model, no log-probs used) gets the bare engines.
+    """
     if name == "transformers":
         from bfspo.rollout.hf_engine import TransformersEngine
 
@@ -20,5 +28,11 @@ def make_engine(name: str, model, tokenizer, **kw) -> RolloutEngine:
     if name == "vllm":
         from bfspo.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model, tokenizer, **kw)
+        if model is None:
+            return VLLMEngine(model, tokenizer, **kw)
+        if micro_batch_tokens is None:
+            raise ValueError("make_engine: rescoring vLLM's samples with a training model needs micro_batch_tokens")
+        from bfspo.rollout.rescore import RescoredEngine
+
+        return RescoredEngine(VLLMEngine(model, tokenizer, **kw), model, micro_batch_tokens)
     raise BfspoError(f"unknown engine {name!r}: choose 'transformers' or 'vllm'")

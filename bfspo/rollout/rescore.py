@@ -1,19 +1,30 @@
 """Training-side log-probs and entropies for engines that return only top-k log-probs (vLLM).
 
 Backtracking (Eq. 6-7) needs the entropy of the FULL next-token distribution after every token,
-which vLLM does not return. `RescoredEngine` wraps such an engine: after each `generate` it runs
-one no-grad, tree-packed forward of the training model over each context and its n continuations
-(the context is computed once, bfspo.algorithm.packing) and replaces the log-probs and entropies with the
-training model's values. The first step's entropy (the distribution at the context's end) is left
-NaN: the search tree only keeps the entropy AFTER each generated token (bfspo.algorithm.tree).
+which vLLM does not return, and the PPO ratio of Eq. 10 needs log pi_old as the trainer computes
+it (docs/algorithm.md, "Old log-probs"). `RescoredEngine` wraps such an engine: after each
+`generate` it runs no-grad, tree-packed forwards of the training model (eval mode: no dropout;
+its own dtype) over each context and its n continuations (the context is computed once,
+bfspo.algorithm.packing), in micro-batches of at most `micro_batch_tokens` row tokens, and
+replaces the log-probs and entropies with the training model's values. These are the old
+log-probs the update uses: one training-side forward gives both, and no pass recomputes them.
+The first step's entropy (the distribution at the context's end) is left NaN: the search tree
+only keeps the entropy AFTER each generated token (bfspo.algorithm.tree).
+
+It keeps, until `pop_stats`, the gap |engine log-prob - trainer log-prob| over the rescored
+tokens and the seconds spent rescoring.
 """
 
 from __future__ import annotations
 
-import torch
+import math
+import time
 
-from bfspo.algorithm.packing import pack_trees, packed_logprobs
+import numpy as np
+
+from bfspo.algorithm.packing import pack_trees, packed_logprobs, plan_micro_batches
 from bfspo.algorithm.tree import SearchTree
+from bfspo.rollout.hf_engine import rollout_mode
 
 NAN = float("nan")
 
@@ -21,8 +32,19 @@ NAN = float("nan")
 class RescoredEngine:
     """A RolloutEngine whose completions carry the training model's log-probs and entropies."""
 
-    def __init__(self, engine, model, contexts_per_forward: int = 8):
-        self.engine, self.model, self.contexts_per_forward = engine, model, contexts_per_forward
+    def __init__(self, engine, model, micro_batch_tokens: int):
+        self.engine, self.model, self.micro_batch_tokens = engine, model, micro_batch_tokens
+        self._stats = self._empty_stats()
+
+    @staticmethod
+    def _empty_stats() -> dict:
+        return {"gap_sum": 0.0, "gap_max": 0.0, "gap_count": 0, "seconds": 0.0}
+
+    def pop_stats(self) -> dict:
+        """Since the last call: gap_sum, gap_max and gap_count of |engine - trainer| over the rescored
+        tokens (tokens whose engine log-prob is NaN are left out), and the seconds spent rescoring."""
+        stats, self._stats = self._stats, self._empty_stats()
+        return stats
 
     def sync_weights(self, model) -> None:
         self.model = model
@@ -30,26 +52,43 @@ class RescoredEngine:
 
     def generate(self, contexts, n, max_new_tokens, **kw):
         out = self.engine.generate(contexts, n, max_new_tokens, **kw)
-        device = next(self.model.parameters()).device
-        for start in range(0, len(contexts), self.contexts_per_forward):
-            trees, owners = [], []
-            for ctx, comps in zip(contexts[start:start + self.contexts_per_forward],
-                                  out[start:start + self.contexts_per_forward]):
-                real = [c for c in comps if c.token_ids]
-                if not real:
-                    continue
-                tree = SearchTree(prompt_ids=list(ctx), budget=max(len(c.token_ids) for c in real))
-                for c in real:
-                    tree.add_completion(None, c.token_ids, c.logprobs, [NAN] * len(c.token_ids), c.finished, 0)
-                trees.append(tree)
-                owners.extend(real)
-            if not trees:
+        t0 = time.perf_counter()
+        trees, groups = [], []
+        for ctx, comps in zip(contexts, out):
+            real = [c for c in comps if c.token_ids]
+            if not real:
                 continue
-            with torch.no_grad():
-                logp, ent = packed_logprobs(self.model, pack_trees(trees).to(device))
-            logp, ent, pos = logp.tolist(), ent.tolist(), 0
-            for c in owners:  # entries are the trees' tokens in depth-first order: completion by completion
-                k = len(c.token_ids)
-                c.logprobs, c.entropies = logp[pos:pos + k], [NAN] + ent[pos:pos + k - 1]
-                pos += k
+            tree = SearchTree(prompt_ids=list(ctx), budget=max(len(c.token_ids) for c in real))
+            for c in real:
+                tree.add_completion(None, c.token_ids, c.logprobs, [NAN] * len(c.token_ids), c.finished, 0)
+            trees.append(tree)
+            groups.append(real)
+        if trees:
+            self._rescore(trees, groups)
+        self._stats["seconds"] += time.perf_counter() - t0
         return out
+
+    def _rescore(self, trees: list[SearchTree], groups: list[list]) -> None:
+        device = next(self.model.parameters()).device
+        logprobs = [np.empty(t.n_tokens) for t in trees]
+        entropies = [np.empty(t.n_tokens) for t in trees]
+        with rollout_mode(self.model):
+            for pieces in plan_micro_batches(trees, self.micro_batch_tokens):
+                packed = pack_trees(trees, pieces=pieces)
+                lp, ent = packed_logprobs(self.model, packed.to(device))
+                lp, ent = lp.cpu().numpy(), ent.cpu().numpy()
+                where, token = packed.tree_index.numpy(), packed.token_index.numpy()
+                for t in np.unique(where):
+                    mine = where == t
+                    logprobs[t][token[mine]] = lp[mine]
+                    entropies[t][token[mine]] = ent[mine]
+        for comps, lp, ent in zip(groups, logprobs, entropies):
+            pos = 0  # a tree's depth-first order is its completions one after the other
+            for c in comps:
+                k = len(c.token_ids)
+                gap = [abs(a - b) for a, b in zip(c.logprobs, lp[pos:pos + k]) if not math.isnan(a)]
+                self._stats["gap_sum"] += sum(gap)
+                self._stats["gap_max"] = max([self._stats["gap_max"], *gap])
+                self._stats["gap_count"] += len(gap)
+                c.logprobs, c.entropies = lp[pos:pos + k].tolist(), [NAN] + ent[pos:pos + k - 1].tolist()
+                pos += k

@@ -31,7 +31,8 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # config's table, which names another W&B group).
 OBSERVATION_FIELDS = frozenset({"threads", "save_every", "log_trees", "wandb_project", "wandb_group", "wandb_mode",
                                 "wandb_tags", "run_name", "method_key", "model_label", "tables", "val_every",
-                                "val_data", "val_benchmark", "val_questions"})
+                                "val_data", "val_benchmark", "val_questions",
+                                "micro_batch_tokens"})  # memory only: a run resumes with a smaller one after an OOM
 
 
 MAX_LR = 1.0
@@ -132,6 +133,13 @@ class TrainConfig:
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallelism (7-8B models)."})
     gpu_memory_utilization: float = field(default=0.4, metadata={
         "help": "Fraction of GPU memory vLLM may take (it shares the GPU with training)."})
+    micro_batch_tokens: int = field(default=16384, metadata={
+        "help": "Most tokens (prompts, tree tokens and the ancestors of a split tree's piece) in one forward pass "
+                "of the update and of the training-side rescoring: a mini-batch's gradient is accumulated over "
+                "micro-batches of whole trees, and a longer tree is cut into pieces (bfspo/algorithm/packing.py). "
+                "It must exceed the longest prompt plus the budget. The GPU memory of the update scales with it "
+                "(as verl's ppo_max_token_len_per_gpu, whose default 16384 is ours); changing it changes no result "
+                "beyond float rounding."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in the backward pass."})
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)."})
     seed: int = field(default=0, metadata={"help": "Seed of the data order, the rollouts and LoRA's initialisation."})
@@ -185,7 +193,7 @@ class TrainConfig:
                 raise BfspoError(f"config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
         positive = ["group_size", "budget", "steps", "train_batch", "mini_batch", "max_gen_rounds",
                     "max_empty_steps", "lora_r", "lora_alpha", "rollout_batch_size", "tensor_parallel_size", "save_every",
-                    "val_questions"]
+                    "val_questions", "micro_batch_tokens"]
         for name in positive:
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise BfspoError(f"config: {name} must be a positive integer, got {getattr(self, name)!r}")

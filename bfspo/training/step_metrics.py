@@ -44,6 +44,7 @@ SECTIONS = {
     "tokens_unique": "rollout/tokens_unique", "tokens_total": "rollout/tokens_total",
     "rollout_tokens": "rollout/tokens_generated", "packing_gain": "rollout/packing_gain",
     "verify_timeouts": "rollout/verify_timeouts",
+    "logprob_gap_mean": "rollout/logprob_gap_mean", "logprob_gap_max": "rollout/logprob_gap_max",
     "tree_depth_max": "tree/depth_max", "tree_depth_mean": "tree/depth_mean", "backtracks": "tree/backtracks",
     "backtrack_depth_mean": "tree/backtrack_depth_mean", "branching_nodes": "tree/branching_nodes",
     "tied_branching_nodes": "tree/tied_branching_nodes",
@@ -59,6 +60,7 @@ SECTIONS = {
     "rollout_tok_s": "timing/rollout_tok_s", "train_tok_s": "timing/train_tok_s", "peak_mem_gb": "timing/peak_mem_gb",
     "val_accuracy": "val-core/accuracy", "val_len_mean": "val-core/len_mean",
     "val_cutoff_frac": "val-core/cutoff_frac", "val_questions": "val-core/questions",
+    "rescore_s": "timing/rescore_s",
 }
 # `train/` statistics every row carries: NaN on a step without an update, no optimizer step skipped
 TRAIN_DEFAULTS = {k: float("nan") for k in ("loss", "grad_norm", "clip_frac", "clip_frac_low", "clip_frac_high",

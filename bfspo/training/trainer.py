@@ -7,10 +7,12 @@ Each step (one training batch):
    `train_batch_chains` complete chains (Sec. 4.2: BFS-PO uses as many chains as DAPO uses
    sequences; bfspo/training/batching.py);
 2. rewards (Eq. 3-4, 8) and advantages (Eq. 9, or Eq. 1 for DAPO and the global variant);
-3. the old log-probs are fixed for the batch: one no-grad tree-packed forward (as verl recomputes
-   them), so the first ratio is exactly 1 whatever engine sampled the rollouts;
+3. the old log-probs are the trees' own, fixed at the rollout: the transformers engine's (the
+   trained model itself), or the training side's rescoring of vLLM's samples, the same forward
+   that gives the entropies for backtracking (docs/algorithm.md, "Old log-probs");
 4. `train_batch_chains / mini_batch_chains` optimizer steps, each on a mini-batch of whole trees,
-   with the clipped token-mean objective over the unique tree tokens (Eq. 10).
+   with the clipped token-mean objective over the unique tree tokens (Eq. 10), accumulated over
+   micro-batches of at most `micro_batch_tokens` tokens.
 
 The run directory holds config.json, metrics.jsonl, trees/, checkpoint/, the final adapter/ and,
 written last, done.json. Running the same command again resumes from the last checkpoint.
@@ -40,8 +42,9 @@ from bfspo.training.config import OBSERVATION_FIELDS, TrainConfig, load_train_co
 from bfspo.training.samples import sample_table
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text, read_json, read_jsonl, write_json
-from bfspo.algorithm.loss import policy_loss
-from bfspo.algorithm.packing import pack_trees, packed_logprobs
+from bfspo.algorithm.packing import n_entries
+from bfspo.rollout.rescore import RescoredEngine
+from bfspo.training.accumulate import minibatch_backward
 from bfspo.algorithm.search import build_trees
 from bfspo.training.batching import minibatch_plan
 from bfspo.training.nonfinite import step_if_finite
@@ -150,13 +153,12 @@ class Trainer:
         max_positions = getattr(base.config, "max_position_embeddings", None)
         self.questions = load_questions(cfg, self.tokenizer, max_positions)
         self.val_questions = load_questions(cfg, self.tokenizer, max_positions, "val") if cfg.val_every else []
-        if cfg.engine == "vllm":  # vLLM has top-k log-probs only: entropies come from the training side
-            from bfspo.rollout.rescore import RescoredEngine
-
-            self.engine = RescoredEngine(make_engine(
+        if cfg.engine == "vllm":  # make_engine rescores vLLM's rollouts on the training side (RescoredEngine)
+            self.engine = make_engine(
                 "vllm", self.model, self.tokenizer, model_path=cfg.model, batch_size=cfg.rollout_batch_size,
                 tensor_parallel_size=cfg.tensor_parallel_size, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                max_model_len=getattr(base.config, "max_position_embeddings", None)), self.model)
+                max_model_len=getattr(base.config, "max_position_embeddings", None),
+                micro_batch_tokens=cfg.micro_batch_tokens)
         else:
             self.engine = make_engine("transformers", self.model, self.tokenizer, batch_size=cfg.rollout_batch_size)
         self.step, self.nonfinite, self.empty_steps, self.tokens_seen = 0, 0, 0, 0
@@ -220,36 +222,35 @@ class Trainer:
         return batch, filled.generated, stats
 
     def update(self, trees: list) -> dict:
-        """Optimizer steps on global mini-batches of whole trees (`minibatch_plan`), Eq. 10 each."""
+        """Optimizer steps on global mini-batches of whole trees (`minibatch_plan`), Eq. 10 each, each
+        mini-batch's gradient accumulated over micro-batches of at most `micro_batch_tokens` row
+        tokens (bfspo.training.accumulate), normalised by its entry count over all ranks.
+
+        The old log-probs are the trees' own (docs/algorithm.md, "Old log-probs"): the engine's
+        when it computes them with the trained model itself (transformers), the training side's
+        rescoring of the rollout otherwise (RescoredEngine, vLLM). No second pass recomputes them:
+        the policy has not changed since the rollout. `logprob_gap_mean`/`_max` compare the
+        engine's log-probs with the trainer's: over every rescored token for a RescoredEngine,
+        over the first mini-batch's tokens (before any optimizer step) otherwise.
+        """
         cfg = self.cfg
-        device = next(self.model.parameters()).device
         plan = minibatch_plan(dist.gather([len(t.leaves()) for t in trees]), cfg.mini_batch_chains)
-        # This rank's part of each global mini-batch, packed on the CPU; moved to the device one at a time.
-        packs = [[trees[i] for r, i in mb if r == self.rank] for mb in plan]
-        packs = [pack_trees(mine) if mine else None for mine in packs]
-        t0 = time.perf_counter()
-        self.model.eval()  # the old log-probs are fixed for the batch (no dropout)
-        with torch.no_grad():
-            for pk in packs:
-                if pk is not None:
-                    pk.old_logprobs = packed_logprobs(self.model, pk.to(device))[0].float().cpu()
-        old_logprobs_s = time.perf_counter() - t0
+        rescored = self.engine.pop_stats() if isinstance(self.engine, RescoredEngine) else None
+        gap = None if rescored is None else (rescored["gap_sum"], rescored["gap_max"], rescored["gap_count"])
         self.model.train()
         losses, stats, norms, skipped = [], [], [], 0
-        for pk in packs:
-            n_global = dist.sum_scalar(pk.n_entries if pk is not None else 0)
-            local = 0.0
-            if pk is not None:
-                pk = pk.to(device)
-                logp, _ = packed_logprobs(self.model, pk)
-                loss, st = policy_loss(logp, pk.old_logprobs, pk.advantages, eps_low=cfg.eps_low,
-                                       eps_high=cfg.eps_high, normalizer=n_global)
-                loss.backward()
-                stats.append(st)
-                local = float(loss.detach())
+        for mb in plan:
+            mine = [trees[i] for r, i in mb if r == self.rank]
+            acc = minibatch_backward(self.model, mine, micro_batch_tokens=cfg.micro_batch_tokens,
+                                     normalizer=dist.sum_scalar(sum(n_entries(t) for t in mine)),
+                                     eps_low=cfg.eps_low, eps_high=cfg.eps_high)
+            if acc.stats:
+                stats.append(acc.stats)
+            if gap is None:  # the first mini-batch, still at the rollout's weights
+                gap = (acc.gap_sum, acc.gap_max, acc.gap_count)
             dist.sum_gradients(self.params)
             norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-            total = dist.sum_scalar(local)  # the gradients are summed already: every rank sees the same norm
+            total = dist.sum_scalar(acc.loss)  # the gradients are summed already: every rank sees the same norm
             if not (math.isfinite(total) and torch.isfinite(norm) and step_if_finite(self.optimizer, self.params)):
                 self.optimizer.zero_grad(set_to_none=True)
                 self.nonfinite += 1
@@ -264,14 +265,21 @@ class Trainer:
             norms.append(float(norm))
         self.model.eval()
         self.engine.sync_weights(self.model)
+        gaps = dist.gather(gap or (0.0, 0.0, 0))
+        count = sum(g[2] for g in gaps)
         mean = lambda key: float(np.mean([s[key] for s in stats])) if stats else float("nan")  # noqa: E731
-        return {"loss": float(np.mean(losses)) if losses else float("nan"), "optimizer_steps": len(losses),
-                "grad_norm": float(np.mean(norms)) if norms else float("nan"),
-                "clip_frac": mean("clip_frac"), "clip_frac_low": mean("clip_frac_low"),
-                "clip_frac_high": mean("clip_frac_high"), "ratio_mean": mean("ratio_mean"),
-                "ratio_max": max((s["ratio_max"] for s in stats), default=float("nan")),
-                "approx_kl": mean("approx_kl"), "skipped_steps": skipped, "nonfinite": self.nonfinite,
-                "old_logprobs_s": old_logprobs_s}
+        out = {"loss": float(np.mean(losses)) if losses else float("nan"), "optimizer_steps": len(losses),
+               "grad_norm": float(np.mean(norms)) if norms else float("nan"),
+               "clip_frac": mean("clip_frac"), "clip_frac_low": mean("clip_frac_low"),
+               "clip_frac_high": mean("clip_frac_high"), "ratio_mean": mean("ratio_mean"),
+               "ratio_max": max((s["ratio_max"] for s in stats), default=float("nan")),
+               "approx_kl": mean("approx_kl"), "skipped_steps": skipped, "nonfinite": self.nonfinite,
+               "old_logprobs_s": 0.0,  # no pass of its own: they come with the rollout
+               "logprob_gap_mean": sum(g[0] for g in gaps) / count if count else float("nan"),
+               "logprob_gap_max": max(g[1] for g in gaps) if count else float("nan")}
+        if rescored is not None:
+            out["rescore_s"] = rescored["seconds"]
+        return out
 
     # --- the run --------------------------------------------------------------------------------
 
