@@ -1,18 +1,24 @@
 """RescoredEngine: the training side restores log-probs and the full-distribution entropies that an
-engine like vLLM does not return."""
+engine like vLLM does not return, in micro-batches, in eval mode, and measures the engine's gap;
+make_engine wraps vLLM in it for training only."""
 
 import math
 
+import pytest
 import torch
 
+from bfspo.rollout import make_engine
 from bfspo.rollout.base import Completion
 from bfspo.rollout.hf_engine import TransformersEngine
 from bfspo.model_io import load_model
 from bfspo.rollout.rescore import RescoredEngine
 
+OFFSET = 0.25
+
 
 class TopKOnly:
-    """Wraps an engine and drops what vLLM cannot give: entropies (and exact log-probs)."""
+    """Wraps an engine and drops what vLLM cannot give: entropies, and log-probs in the trainer's
+    numerics (here shifted by OFFSET)."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -22,17 +28,35 @@ class TopKOnly:
 
     def generate(self, contexts, n, max_new_tokens, **kw):
         out = self.engine.generate(contexts, n, max_new_tokens, **kw)
-        return [[Completion(c.token_ids, [0.0] * len(c.token_ids), [math.nan] * len(c.token_ids), c.finished)
+        return [[Completion(c.token_ids, [lp + OFFSET for lp in c.logprobs], [math.nan] * len(c.token_ids), c.finished)
                  for c in comps] for comps in out]
 
 
-def test_rescored_values_match_the_engine(tiny_model_dir):
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    """A LoRA policy whose dropout changes its outputs in train mode."""
+    from peft import LoraConfig, get_peft_model
+
     model, tok = load_model(str(tiny_model_dir))
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5, target_modules=["q_proj", "v_proj"],
+                                            init_lora_weights=False))
+    return peft, tok
+
+
+@pytest.mark.parametrize("budget", [10_000, 40])
+def test_rescored_values_match_the_engine(policy, budget):
+    """Budget 40 cuts each context's group into pieces; the policy is left in train mode, and the
+    rescoring still runs without dropout (and leaves the mode as it found it)."""
+    model, tok = policy
     engine = TransformersEngine(model, tok)
     contexts = [tok("Tom has 3 apples.")["input_ids"], tok("A shop sells 12 pens a day")["input_ids"], [5]]
-    budgets = [6, 9, 0]
+    budgets = [6, 20, 0]
     reference = engine.generate(contexts, 3, budgets, seed=7)
-    rescored = RescoredEngine(TopKOnly(engine), model, contexts_per_forward=2).generate(contexts, 3, budgets, seed=7)
+    rescoring = RescoredEngine(TopKOnly(engine), model, micro_batch_tokens=budget)
+    model.train()
+    rescored = rescoring.generate(contexts, 3, budgets, seed=7)
+    assert model.training and all(m.training for m in model.modules())
+    model.eval()
     for ref_comps, new_comps in zip(reference, rescored):
         for ref, new in zip(ref_comps, new_comps):
             assert new.token_ids == ref.token_ids
@@ -42,3 +66,28 @@ def test_rescored_values_match_the_engine(tiny_model_dir):
                 torch.testing.assert_close(torch.tensor(new.entropies[1:]), torch.tensor(ref.entropies[1:]),
                                            atol=1e-5, rtol=0)
     assert reference[2] == rescored[2] and not rescored[2][0].token_ids
+    stats = rescoring.pop_stats()
+    assert stats["gap_count"] == sum(len(c.token_ids) for comps in reference for c in comps)
+    assert stats["gap_sum"] / stats["gap_count"] == pytest.approx(OFFSET, abs=1e-5)
+    assert stats["gap_max"] == pytest.approx(OFFSET, abs=1e-5) and stats["seconds"] > 0
+    assert rescoring.pop_stats() == {"gap_sum": 0.0, "gap_max": 0.0, "gap_count": 0, "seconds": 0.0}
+
+
+class FakeVLLM:
+    def __init__(self, model, tokenizer, **kw):
+        self.model, self.kw = model, kw
+
+
+def test_make_engine_rescores_vllm_for_training_only(policy, monkeypatch):
+    import bfspo.rollout.vllm_engine as vllm_engine
+
+    model, tok = policy
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", FakeVLLM)
+    training = make_engine("vllm", model, tok, micro_batch_tokens=4096, batch_size=8)
+    assert isinstance(training, RescoredEngine) and training.micro_batch_tokens == 4096
+    assert isinstance(training.engine, FakeVLLM) and training.engine.kw == {"batch_size": 8}
+    evaluation = make_engine("vllm", None, tok, model_path="m", batch_size=8)
+    assert isinstance(evaluation, FakeVLLM)
+    assert isinstance(make_engine("transformers", model, tok, micro_batch_tokens=4096), TransformersEngine)
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        make_engine("vllm", model, tok)

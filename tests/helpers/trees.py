@@ -40,3 +40,33 @@ def random_search_tree(seed: int, *, prompt_len: int, vocab: int, group: int = 3
         assign_rewards(tree, overlong=False)
         assign_advantages(tree, advantage)
     return tree
+
+
+def load_float32_model(model_dir):
+    """A saved model in float32 with sdpa attention and every parameter trainable, in eval mode (no dropout)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+
+
+def with_old_logprobs(model, trees, noise: float = 0.5, seed: int = 0):
+    """Set each tree token's old log-prob to the model's own plus uniform noise of width `noise`
+    (so that some ratios clip), from one dense-reference packed forward."""
+    import torch
+
+    from bfspo.algorithm.packing import pack_trees, packed_logprobs
+
+    packed = pack_trees(trees)
+    with torch.no_grad():
+        logprobs, _ = packed_logprobs(model, packed, attention="dense")
+    gen = torch.Generator().manual_seed(seed)
+    values = logprobs + (torch.rand(logprobs.shape, generator=gen) - 0.5) * noise
+    by_token = dict(zip(zip(packed.tree_index.tolist(), packed.token_index.tolist()), values.tolist()))
+    for t, tree in enumerate(trees):
+        x = 0
+        for s in tree.dfs():  # the depth-first token order
+            seg = tree.segments[s]
+            seg.logprobs = [by_token[(t, x + j)] for j in range(len(seg.token_ids))]
+            x += len(seg.token_ids)
+    return trees
