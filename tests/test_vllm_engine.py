@@ -57,8 +57,8 @@ def setup(model_dir, tmp_path_factory):
     base, tokenizer = load_model(str(model_dir))
     policy = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
                                              init_lora_weights=False)).eval()
-    engine = make_engine("vllm", policy, tokenizer, max_model_len=512,
-                         work_dir=str(tmp_path_factory.mktemp("vllm_lora")))
+    engine = make_engine("vllm", policy, tokenizer, micro_batch_tokens=4096, max_model_len=512,
+                         work_dir=str(tmp_path_factory.mktemp("vllm_lora"))).engine  # bare: what vLLM returns
     contexts = [tokenizer(t)["input_ids"] for t in TEXTS]
     return engine, policy, tokenizer, contexts
 
@@ -143,13 +143,16 @@ def test_rescored_entropies_are_the_training_models(setup):
     from bfspo.rollout.rescore import RescoredEngine
 
     engine, policy, _, contexts = setup
-    out = RescoredEngine(engine, policy).generate(contexts, 3, 10, seed=2)
+    rescored = RescoredEngine(engine, policy, micro_batch_tokens=60)  # the longer context's group is cut
+    out = rescored.generate(contexts, 3, 10, seed=2)
     for context, group in zip(contexts, out):
         for c in group:
             logp, entropy = training_side(policy, context, c.token_ids)
             assert math.isnan(c.entropies[0])  # the context's last distribution: not in the tree
             torch.testing.assert_close(torch.tensor(c.entropies[1:]), entropy[1:].cpu(), atol=1e-4, rtol=0)
             torch.testing.assert_close(torch.tensor(c.logprobs), logp.cpu(), atol=1e-4, rtol=0)
+    gap = rescored.pop_stats()  # float32 vLLM against the float32 trainer: rounding only
+    assert gap["gap_count"] == sum(len(c.token_ids) for group in out for c in group) and gap["gap_max"] < 1e-3
 
 
 def test_sync_after_an_optimizer_step_changes_the_generations(setup):
