@@ -9,15 +9,15 @@ One int64 per token describes the whole mask: no [T, T] mask is ever built. Seve
 pieces of trees, or flat chains) share one row without padding: a token's interval never reaches
 past its own tree. Two kernels compute softmax(q k^T * scale + mask) v from the intervals:
 
-* `blockwise_attention` (CPU, and any device without flex attention): queries in blocks of
-  `QUERY_BLOCK` tokens. A block gathers only the keys that one of its queries can see
-  (j < block end and ends[j] > block start: in a tree, the block's ancestors) and builds its
-  [block, keys] mask from the intervals. A custom autograd Function saves only q, k, v, the output
-  and the row log-sum-exp, and recomputes each block's probabilities in the backward pass (the
-  flash-attention recipe). Beyond those saved tensors it holds one block at a time: about four
-  float32 [query heads, QUERY_BLOCK, keys of the block] tensors in the backward pass (scores,
-  probabilities, their gradient), where the keys of a block are at most the prompt, the depth of
-  its deepest token and the block itself, for tree rows.
+* `blockwise_attention` (CPU): queries in blocks of `QUERY_BLOCK` tokens. A block gathers only the
+  keys that one of its queries can see (j < block end and ends[j] > block start: in a tree, the
+  block's ancestors), builds its [block, keys] additive mask from the intervals, and runs torch's
+  fused CPU attention kernel on them. A custom autograd Function saves only q, k, v, the output
+  and the row log-sum-exp, and runs the kernel's backward block by block (the flash-attention
+  recipe: probabilities are recomputed, never stored). Beyond the saved tensors it holds one block
+  at a time: the gathered keys and values repeated per query head, [Hq, keys, d] each, the mask
+  [block, keys], and the kernel's own block-sized buffers, where the keys of a block are at most the
+  prompt, the depth of its deepest token and the block itself, for tree rows.
 * `flex_tree_attention` (CUDA): torch's compiled `flex_attention` with a BlockMask built directly
   from the intervals (`interval_block_mask`: an O((T / 128)^2) block map, never [T, T]), so
   blocks of keys that no query of a block can see are skipped. Flex attention saves q, k, v, the
@@ -49,28 +49,33 @@ def visible_keys(ends: torch.Tensor, q0: int, q1: int) -> tuple[torch.Tensor, to
     return keys, (keys.unsqueeze(0) <= queries) & (queries < ends[keys].unsqueeze(0))
 
 
-def _block_scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Masked scores of one query block: q [Hkv, g, B, d], k [Hkv, n, d] -> [Hkv, g, B, n]."""
-    scores = torch.matmul(q, k.unsqueeze(1).transpose(-1, -2)).mul_(scale)
-    return scores.masked_fill_(~mask, float("-inf"))
+# torch's fused CPU attention kernels (what F.scaled_dot_product_attention runs on CPU), called per
+# query block so that the log-sum-exp of the forward pass can be kept for the backward pass.
+_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _block(k: torch.Tensor, v: torch.Tensor, ends: torch.Tensor, q0: int, q1: int, groups: int):
+    """(key indices, their keys and values repeated for every query head, additive mask) of one query block."""
+    keys, mask = visible_keys(ends, q0, q1)
+    bias = torch.zeros(mask.shape, dtype=k.dtype, device=k.device).masked_fill_(~mask, float("-inf"))
+    return keys, k[:, :, keys].repeat_interleave(groups, 1), v[:, :, keys].repeat_interleave(groups, 1), bias
 
 
 class _BlockwiseTreeAttention(torch.autograd.Function):
-    """q [Hkv, g, T, d] (g query heads per key/value head), k and v [Hkv, T, d], ends [T]."""
+    """q [1, Hq, T, d], k and v [1, Hkv, T, d] (query head h reads key/value head h // (Hq / Hkv)), ends [T]."""
 
     @staticmethod
     def forward(ctx, q, k, v, ends, scale, block):
-        acc = torch.promote_types(q.dtype, torch.float32)  # scores and softmax in float32 at least
-        out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:-1], dtype=acc, device=q.device)
+        groups = q.shape[1] // k.shape[1]
+        out, lse = torch.empty_like(q), None
         for q0 in range(0, q.shape[2], block):
             q1 = min(q0 + block, q.shape[2])
-            keys, mask = visible_keys(ends, q0, q1)
-            scores = _block_scores(q[:, :, q0:q1].to(acc), k[:, keys].to(acc), mask, scale)
-            block_lse = torch.logsumexp(scores, dim=-1)
-            probs = scores.sub_(block_lse.unsqueeze(-1)).exp_()
-            out[:, :, q0:q1] = torch.matmul(probs, v[:, keys].to(acc).unsqueeze(1)).to(q.dtype)
-            lse[:, :, q0:q1] = block_lse
+            _, kb, vb, bias = _block(k, v, ends, q0, q1, groups)
+            o, block_lse = _FLASH_CPU(q[:, :, q0:q1], kb, vb, 0.0, False, attn_mask=bias, scale=scale)
+            if lse is None:
+                lse = torch.empty(q.shape[:-1], dtype=block_lse.dtype, device=q.device)
+            out[:, :, q0:q1], lse[:, :, q0:q1] = o, block_lse
         ctx.save_for_backward(q, k, v, ends, out, lse)
         ctx.scale, ctx.block = scale, block
         return out
@@ -78,33 +83,24 @@ class _BlockwiseTreeAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, ends, out, lse = ctx.saved_tensors
-        scale, block = ctx.scale, ctx.block
-        acc = lse.dtype
-        dq = torch.empty(q.shape, dtype=acc, device=q.device)
-        dk = torch.zeros(k.shape, dtype=acc, device=k.device)
-        dv = torch.zeros(v.shape, dtype=acc, device=v.device)
-        delta = (grad_out.to(acc) * out.to(acc)).sum(-1)  # rowsum(dO * O) = rowsum(P * dP)
-        for q0 in range(0, q.shape[2], block):
-            q1 = min(q0 + block, q.shape[2])
-            keys, mask = visible_keys(ends, q0, q1)
-            qb, kb, vb = q[:, :, q0:q1].to(acc), k[:, keys].to(acc), v[:, keys].to(acc)
-            dob = grad_out[:, :, q0:q1].to(acc)
-            probs = _block_scores(qb, kb, mask, scale).sub_(lse[:, :, q0:q1].unsqueeze(-1)).exp_()
-            dv.index_add_(1, keys, torch.matmul(probs.transpose(-1, -2), dob).sum(1))
-            dscores = torch.matmul(dob, vb.unsqueeze(1).transpose(-1, -2)).sub_(delta[:, :, q0:q1].unsqueeze(-1))
-            dscores.mul_(probs).mul_(scale)
-            dq[:, :, q0:q1] = torch.matmul(dscores, kb.unsqueeze(1))
-            dk.index_add_(1, keys, torch.matmul(dscores.transpose(-1, -2), qb).sum(1))
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        groups = q.shape[1] // k.shape[1]
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for q0 in range(0, q.shape[2], ctx.block):
+            q1 = min(q0 + ctx.block, q.shape[2])
+            keys, kb, vb, bias = _block(k, v, ends, q0, q1, groups)
+            dqb, dkb, dvb = _FLASH_CPU_BACKWARD(grad_out[:, :, q0:q1].contiguous(), q[:, :, q0:q1], kb, vb,
+                                               out[:, :, q0:q1], lse[:, :, q0:q1], 0.0, False, attn_mask=bias,
+                                               scale=ctx.scale)
+            dq[:, :, q0:q1] = dqb
+            dk.index_add_(2, keys, dkb.unflatten(1, (k.shape[1], groups)).sum(2))
+            dv.index_add_(2, keys, dvb.unflatten(1, (k.shape[1], groups)).sum(2))
+        return dq, dk, dv, None, None, None
 
 
 def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ends: torch.Tensor, scale: float,
                         block: int = QUERY_BLOCK) -> torch.Tensor:
-    """Tree attention of one row: q [1, Hq, T, d], k and v [1, Hkv, T, d] -> [1, Hq, T, d]."""
-    hq, hkv = q.shape[1], k.shape[1]
-    grouped = q[0].reshape(hkv, hq // hkv, q.shape[2], q.shape[3])  # query head h uses key head h // (hq / hkv)
-    out = _BlockwiseTreeAttention.apply(grouped, k[0], v[0], ends, scale, block)
-    return out.reshape(1, hq, q.shape[2], q.shape[3])
+    """Tree attention of one row on CPU: q [1, Hq, T, d], k and v [1, Hkv, T, d] -> [1, Hq, T, d]."""
+    return _BlockwiseTreeAttention.apply(q, k, v, ends, scale, block)
 
 
 def interval_block_mask(ends: torch.Tensor, block: int = FLEX_BLOCK):
@@ -176,10 +172,12 @@ def tree_attention_forward(module, query, key, value, attention_mask, scaling=No
     if query.shape[0] != 1:
         raise BfspoError(f"tree attention takes one packed row, got a batch of {query.shape[0]}")
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    if query.is_cuda:
+    if query.device.type == "cuda":
         out = flex_tree_attention(query, key, value, tree_ends, scale)
-    else:
+    elif query.device.type == "cpu":
         out = blockwise_attention(query, key, value, tree_ends, scale)
+    else:
+        raise BfspoError(f"tree attention runs on CUDA (flex attention) or CPU, not on {query.device.type}")
     return out.transpose(1, 2).contiguous(), None
 
 
