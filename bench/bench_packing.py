@@ -1,25 +1,37 @@
-"""Tree-packed training step against flat chains and the ceiling (issue 8, goal 3).
+"""Tree-packed training step against flat chains and the ceiling (issue 8, goal 3), and the packer's
+own speed on paper-shaped mini-batches (issue 21).
 
 Layout: T trees, each a shared prefix of S tokens followed by B branches of L tokens (the
 issue's layout is 4 trees x (256 shared + 4 x 256)). Three ways to compute every chain token's
 log-prob, forward + backward:
   flat     one row per chain (prompt + prefix + branch), what DAPO computes;
-  tree     bfspo.algorithm.packing: one row per tree, shared prefix computed once, tree attention mask;
+  tree     bfspo.algorithm.packing: one row per tree, shared prefix computed once, tree attention;
   ceiling  one ordinary causal row per tree holding the same number of unique tokens.
 Correctness is checked before timing: packed log-probs equal the flat ones.
 
     python bench/bench_packing.py --shape cpu --trees 2 --shared 64 --branches 4 --length 64
     python bench/bench_packing.py --shape 0.5b        # on a GPU: the issue's layout
+
+`--packer` times the packing alone on one paper-shaped mini-batch (`--prompts` questions of G =
+`--group` answers, budget `--budget`, `--prompt-len`-token prompts, chains of budget/4 to the
+budget; K = 0 groups, and K = 3 trees holding the same chains): the previous packer (a Python loop
+per position and a [rows, L, L] mask, frozen in tests/helpers/previous_packing.py, which also checks
+that both give the same rows) against `pack_trees` on the whole mini-batch, and against the
+trainer's lazy path, `plan_micro_batches` at `--micro-batch-tokens` then one `pack_trees` per
+micro-batch, one at a time. Memory: the bytes of the packed tensors one pack holds.
+
+    python -m bench.bench_packing --packer --prompts 32 --group 16 --budget 512 --prompt-len 150
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 
 import torch
 
 from bench.common import device_and_dtype, print_table, random_model, timed
-from bfspo.algorithm.packing import pack_trees, packed_logprobs
+from bfspo.algorithm.packing import pack_trees, packed_logprobs, plan_micro_batches
 from bfspo.algorithm.tree import SearchTree
 
 
@@ -40,8 +52,76 @@ def make_tree(prompt: list[int], shared: int, branches: int, length: int, vocab:
     return tree
 
 
+def paper_tree(rng: random.Random, prompt: list[int], group: int, k: int, budget: int, vocab: int) -> SearchTree:
+    """G chains of budget/4 to budget tokens, then K expansions of G continuations at a random
+    token of a random path (each continuation as long as the budget allows, at least a quarter of it)."""
+    tree = SearchTree(prompt_ids=prompt, budget=budget)
+
+    def add(parent, depth):
+        n = rng.randint(max(1, (budget - depth) // 4), budget - depth)
+        tree.add_completion(parent, [rng.randrange(5, vocab) for _ in range(n)], [-1.0] * n, [1.0] * n, True, 0)
+
+    for _ in range(group):
+        add(None, 0)
+    for _ in range(k):
+        leaf = rng.choice(tree.leaves())
+        depth = rng.randint(1, tree.segments[leaf].leaf.length - 1)
+        seg = next(s for s in tree.path(leaf) if tree.segments[s].end >= depth)
+        offset = depth - tree.segments[seg].start
+        wb = seg if offset == len(tree.segments[seg].token_ids) - 1 else tree.split(seg, offset)
+        tree.segments[wb].ends_in_B = True
+        for _ in range(group):
+            add(wb, depth)
+    for s in tree.segments:
+        s.advantage = 1.0
+    tree.advantage_kind = "branch"
+    return tree
+
+
+def packed_bytes(pack) -> int:
+    return sum(v.numel() * v.element_size() for v in vars(pack).values() if isinstance(v, torch.Tensor))
+
+
+def packer(args) -> None:
+    from tests.helpers.previous_packing import previous_pack_trees
+
+    rows = []
+    for k in (0, 3):
+        rng = random.Random(k)
+        n_trees = max(1, args.prompts // (k + 1))  # the same chains: a K = 3 tree holds G (K + 1)
+        trees = [paper_tree(rng, [rng.randrange(5, 1000) for _ in range(args.prompt_len)], args.group, k,
+                            args.budget, 151936) for _ in range(n_trees)]
+        chains = sum(len(t.leaves()) for t in trees)
+        unique = sum(len(t.prompt_ids) + t.n_tokens for t in trees)
+
+        def lazy():
+            return max(packed_bytes(pack_trees(trees, pieces=pieces))
+                       for pieces in plan_micro_batches(trees, args.micro_batch_tokens))
+
+        old_s = timed(lambda: previous_pack_trees(trees), repeats=1, warmup=0)
+        old = previous_pack_trees(trees)
+        new_s = timed(lambda: pack_trees(trees), repeats=args.repeats, warmup=1)
+        lazy_s = timed(lazy, repeats=args.repeats, warmup=1)
+        n_micro = len(plan_micro_batches(trees, args.micro_batch_tokens))
+        old_mib = sum(v.numel() * v.element_size() for v in vars(old).values() if isinstance(v, torch.Tensor)) / 2**20
+        rows.append([f"K={k}: {n_trees} trees, {chains} chains", f"{old.input_ids.numel():,} / {unique:,}",
+                     old_s, old_mib, new_s, packed_bytes(pack_trees(trees)) / 2**20, old_s / new_s,
+                     f"{lazy_s:.3g} ({n_micro})", lazy() / 2**20])
+    print_table(f"packing one mini-batch: {args.prompts} prompts x G={args.group}, budget {args.budget}, "
+                f"{args.prompt_len}-token prompts",
+                ["mini-batch", "tokens (previous, padded / now)", "previous s", "previous MiB", "pack_trees s",
+                 "pack_trees MiB", "speed-up", f"lazy s (micro-batches of {args.micro_batch_tokens})",
+                 "lazy MiB held"], rows)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--packer", action="store_true", help="time the packer on a paper-shaped mini-batch")
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--group", type=int, default=16)
+    p.add_argument("--budget", type=int, default=512)
+    p.add_argument("--prompt-len", type=int, default=150)
+    p.add_argument("--micro-batch-tokens", type=int, default=16384)
     p.add_argument("--shape", default="cpu")
     p.add_argument("--trees", type=int, default=4)
     p.add_argument("--shared", type=int, default=256)
@@ -50,6 +130,9 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
+    if args.packer:
+        packer(args)
+        return
     device, _ = device_and_dtype()
     model = random_model(args.shape)
     model.train()

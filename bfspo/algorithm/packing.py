@@ -125,6 +125,10 @@ class TreeTokens:
     chains: list[tuple[float, np.ndarray]]  # per leaf (leaf order): (its advantage, its path's token indices)
 
 
+def _ints(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
 def tree_tokens(tree: SearchTree) -> TreeTokens:
     """The arrays of one tree's depth-first token order: a loop over segments, none over tokens."""
     order = tree.dfs()
@@ -150,9 +154,8 @@ def tree_tokens(tree: SearchTree) -> TreeTokens:
         path = [np.arange(offset[s], offset[s] + len(tree.segments[s].token_ids)) for s in tree.path(leaf)]
         adv = tree.segments[leaf].leaf.advantage
         chains.append((np.nan if adv is None else adv, np.concatenate(path)))
-    as_int = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
-    return TreeTokens(prompt=as_int(tree.prompt_ids), ids=as_int(ids), depth=as_int(depth), parent=as_int(parent),
-                      end=as_int(end), logprobs=np.asarray(logprobs, dtype=np.float64),
+    return TreeTokens(prompt=_ints(tree.prompt_ids), ids=_ints(ids), depth=_ints(depth), parent=_ints(parent),
+                      end=_ints(end), logprobs=np.asarray(logprobs, dtype=np.float64),
                       advantage=np.asarray(advantage, dtype=np.float64), chains=chains)
 
 
@@ -213,7 +216,7 @@ def _ancestors(parent: np.ndarray, x: int) -> np.ndarray:
     while x >= 0:
         out.append(x)
         x = int(parent[x])
-    return np.asarray(out[::-1], dtype=np.int64)
+    return _ints(out[::-1])
 
 
 def pack_trees(trees: Sequence[SearchTree], layout: str = "tree", pieces: Sequence[Piece] | None = None) -> PackedBatch:
@@ -284,7 +287,9 @@ def pack_trees(trees: Sequence[SearchTree], layout: str = "tree", pieces: Sequen
     own = np.concatenate([e[2] for e in entries])
     par = np.concatenate([e[3] for e in entries])
     needed = np.unique(np.concatenate([par, own]))
-    long = lambda x: torch.as_tensor(np.asarray(x, dtype=np.int64))  # noqa: E731
+    def long(values) -> torch.Tensor:
+        return torch.as_tensor(_ints(values))
+
     return PackedBatch(
         input_ids=long(np.concatenate([ids for ids, _, _ in rows])).unsqueeze(0),
         position_ids=long(np.concatenate([pos for _, pos, _ in rows])).unsqueeze(0),
