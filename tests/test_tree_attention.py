@@ -85,7 +85,7 @@ def test_flex_attention_with_the_interval_mask_equals_the_blockwise_kernel():
     q, k, v = (x.detach().float() for x in qkv(300, dtype=torch.float32))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # uncompiled flex attention warns that it materialises the scores
-        flex = flex_tree_attention(q, k, v, ends, 0.35, compiled=False)
+        flex = flex_tree_attention(q, k, v, interval_block_mask(ends), 0.35, compiled=False)
     torch.testing.assert_close(flex, blockwise_attention(q, k, v, ends, 0.35), atol=1e-6, rtol=0)
 
 

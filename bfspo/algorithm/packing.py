@@ -329,9 +329,9 @@ def packed_logprobs(model: torch.nn.Module, packed: PackedBatch, chunk_size: int
     body, head = model.get_decoder(), model.get_output_embeddings()
     device = packed.input_ids.device
     if attention == "tree":
-        with use_tree_attention(model):
+        with use_tree_attention(model, packed.ends) as tree_kwargs:
             hidden = body(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                          tree_ends=packed.ends).last_hidden_state
+                          **tree_kwargs).last_hidden_state
     else:
         attn = model.config._attn_implementation
         if attn not in MASKED_ATTENTION:

@@ -25,8 +25,8 @@ past its own tree. Two kernels compute softmax(q k^T * scale + mask) v from the 
   uncompiled, materialises the scores, hence the blockwise kernel there.)
 
 `tree_attention_forward` is registered with transformers' AttentionInterface as "bfspo_tree";
-`use_tree_attention(model)` switches a model to it for one packed forward, and the intervals
-travel to every attention layer as the keyword argument `tree_ends`.
+`use_tree_attention(model, ends)` switches a model to it for one packed forward, and the intervals
+(and on CUDA their BlockMask) travel to every attention layer as keyword arguments of the model call.
 """
 
 from __future__ import annotations
@@ -142,9 +142,10 @@ def interval_block_mask(ends: torch.Tensor, block: int = FLEX_BLOCK):
 _compiled_flex = None
 
 
-def flex_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ends: torch.Tensor, scale: float,
+def flex_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask, scale: float,
                         compiled: bool = True) -> torch.Tensor:
-    """Tree attention of one row through flex attention: q [1, Hq, T, d], k and v [1, Hkv, T, d].
+    """Tree attention of one row through flex attention: q [1, Hq, T, d], k and v [1, Hkv, T, d],
+    `block_mask` from `interval_block_mask`.
 
     Compiled on CUDA (the fused kernel); `compiled=False` runs torch's reference implementation,
     which materialises the scores: for checking the mask logic on CPU only.
@@ -157,11 +158,11 @@ def flex_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ends:
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention)
         fn = _compiled_flex
-    return fn(q, k, v, block_mask=interval_block_mask(ends), scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def tree_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                           tree_ends=None, sliding_window=None, softcap=None, **kwargs):
+                           tree_ends=None, tree_block_mask=None, sliding_window=None, softcap=None, **kwargs):
     """transformers' attention interface: (output [1, T, Hq, d], None) for one packed row."""
     if tree_ends is None:
         raise BfspoError("tree attention needs the row's intervals (`tree_ends`): call the model through "
@@ -173,7 +174,8 @@ def tree_attention_forward(module, query, key, value, attention_mask, scaling=No
         raise BfspoError(f"tree attention takes one packed row, got a batch of {query.shape[0]}")
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     if query.device.type == "cuda":
-        out = flex_tree_attention(query, key, value, tree_ends, scale)
+        mask = interval_block_mask(tree_ends) if tree_block_mask is None else tree_block_mask
+        out = flex_tree_attention(query, key, value, mask, scale)
     elif query.device.type == "cpu":
         out = blockwise_attention(query, key, value, tree_ends, scale)
     else:
@@ -188,13 +190,18 @@ def _register() -> None:
 
 
 @contextmanager
-def use_tree_attention(model):
-    """Within the block, `model`'s attention layers call `tree_attention_forward`."""
+def use_tree_attention(model, ends: torch.Tensor):
+    """Within the block, `model`'s attention layers call `tree_attention_forward`. Yields the keyword
+    arguments that the model call passes on to them: the row's intervals and, on CUDA, their
+    BlockMask, built once per forward rather than once per layer."""
     _register()
     config = model.config
     previous = config._attn_implementation
     config._attn_implementation = NAME
+    kwargs = {"tree_ends": ends}
+    if ends.device.type == "cuda":
+        kwargs["tree_block_mask"] = interval_block_mask(ends)
     try:
-        yield
+        yield kwargs
     finally:
         config._attn_implementation = previous

@@ -7,6 +7,11 @@ bfspo.training.dist) add up to the gradient of the unsplit mini-batch: splitting
 memory, not the update. The micro-batches come from bfspo.algorithm.packing.plan_micro_batches
 (whole trees, or pieces of a tree larger than the budget) and are packed one at a time, when
 their turn comes.
+
+Memory: one micro-batch at a time holds what bfspo.algorithm.packing's docstring lists for T <=
+micro_batch_tokens row tokens (its activations are freed by its backward pass); across
+micro-batches only the trainable parameters' .grad persists (one tensor per trainable parameter,
+in its dtype), plus a few floats of statistics per micro-batch.
 """
 
 from __future__ import annotations
