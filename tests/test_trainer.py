@@ -61,6 +61,9 @@ def test_train_writes_a_complete_run(tiny_model_dir, train_data, tmp_path):
     assert "val-core/accuracy" not in rows[0] and rows[1]["val-core/questions"] == 4
     assert re.search(r"^step 2/2 \| loss .* \| val acc [0-9.]+ len [0-9.]+ \| [0-9.]+ s$", proc.stdout, re.M), proc.stdout
     assert "\r" not in proc.stdout + proc.stderr
+    # the engine's log-probs serve as the old ones: the trainer's first forward agrees to rounding
+    gaps = [(r["rollout/logprob_gap_mean"], r["rollout/logprob_gap_max"]) for r in rows if "rollout/logprob_gap_max" in r]
+    assert gaps and all(0 <= mean <= top < 1e-4 for mean, top in gaps)
     for r in rows:  # issue 14: the batch statistics of every step
         assert r["rollout/questions_generated"] >= r["rollout/questions_kept"] >= r["rollout/trees"]
         assert r["rollout/chains_target"] == 16 and 1 <= r["rollout/gen_rounds"] <= 10

@@ -248,6 +248,8 @@ def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(
     assert mean(ours, "rollout/len_mean") == pytest.approx(mean(ref, "rollout/len_mean"), rel=0.15)
     assert mean(ours, "rollout/entropy_mean") == pytest.approx(mean(ref, "rollout/entropy_mean"), rel=0.10)
     assert mean(ours, "rollout/accuracy") == pytest.approx(mean(ref, "rollout/accuracy"), abs=0.25)
+    rescored = [r for r in ours if "rollout/logprob_gap_max" in r]  # the steps with an update
+    assert rescored and all(r["rollout/logprob_gap_max"] < 1e-3 and r["timing/rescore_s"] > 0 for r in rescored)
 
 
 def test_two_ranks_each_train_with_their_own_engine(model_dir, train_data, tmp_path):
