@@ -6,7 +6,8 @@ Each measurement runs in a process of its own (peak RSS is per process): a rando
 `--prompt`-token prompt, G growing with the tokens, packed in one row; then the forward and backward
 pass of `packed_logprobs` with attention="dense" (a bool [T, T] mask turned into an additive mask of
 the model's dtype, what the previous packer fed to sdpa) or "tree". Printed: the peak RSS above the
-RSS just before the step, in MiB and per 1k tokens; linear memory shows as a constant per-1k figure.
+RSS just before the step, in MiB, and its slope from the row above (MiB per 1k more tokens): linear
+memory shows as a constant slope; the dense path adds the [T, T] masks, listed for comparison.
 
     python -m bench.bench_tree_attention --shape cpu --layers 2 --chains 1,2,4,8,16,32 --dense-max 8
 """
@@ -71,7 +72,7 @@ def main() -> None:
     if args.one_attention:
         print(json.dumps(one(args)))
         return
-    rows = []
+    rows, previous = [], None
     for g in map(int, args.chains.split(",")):
         row = {}
         for attention in ("dense", "tree"):
@@ -86,14 +87,17 @@ def main() -> None:
         tokens = row["tree"]["tokens"]
         cells = [tokens]
         for attention in ("dense", "tree"):
-            r = row[attention]
-            cells += ["-", "-"] if r is None else [r["step_mib"], r["step_mib"] / tokens * 1024]
+            r, p = row[attention], None if previous is None else previous[attention]
+            cells.append("-" if r is None else r["step_mib"])
+            slope = "-" if r is None or p is None else (r["step_mib"] - p["step_mib"]) / (tokens - previous["tokens"]) * 1024
+            cells.append(slope)
+        cells.append(tokens ** 2 * (1 + torch.finfo(torch.float32).bits // 8) / 2**20)
         rows.append(cells)
-    print_table(f"peak RSS of one forward + backward, {args.shape} shape with {args.layers} layers, "
-                f"one tree of G chains of {args.chain} tokens after {args.prompt}",
-                ["tokens", "dense mask MiB", "dense MiB / 1k tokens", "tree attention MiB",
-                 "tree MiB / 1k tokens"], rows)
-
+        previous = row | {"tokens": tokens}
+    print_table(f"peak RSS above the RSS before one forward + backward, {args.shape} shape with {args.layers} "
+                f"layers, one tree of G chains of {args.chain} tokens after {args.prompt}",
+                ["tokens", "dense mask MiB", "dense slope MiB / 1k tokens", "tree attention MiB",
+                 "tree slope MiB / 1k tokens", "[T, T] bool + float32 masks MiB"], rows)
 
 if __name__ == "__main__":
     main()
