@@ -423,7 +423,8 @@ class Trainer:
         def correct(i: int, ids: list[int]) -> bool:
             return is_correct(benchmark, self.tokenizer.decode(ids, skip_special_tokens=True), mine[i].gold)
 
-        return validation.merge(dist.gather(validation.answer(self.engine, [q.prompt_ids for q in mine],
+        engine = self.engine.engine if isinstance(self.engine, RescoredEngine) else self.engine  # no log-probs needed
+        return validation.merge(dist.gather(validation.answer(engine, [q.prompt_ids for q in mine],
                                                               self.cfg.budget, correct)))
 
     def checkpoint_due(self) -> bool:
