@@ -159,8 +159,8 @@ def test_all_correct_and_equal_length_selects_the_earliest_leaf():
 
 def test_backtracking_one_token_before_the_budget():
     budget = 5
-    # the only correct path is truncated at the budget; its highest entropy is after depth 4
-    script = {Q: [comp([20, 21, 22, ANSWER, 23], [0.1, 0.1, 0.1, 0.1, 5.0], finished=False)]
+    # the only correct path ends with EOS exactly at the budget; its highest entropy is after depth 4
+    script = {Q: [comp([20, 21, 22, ANSWER, EOS], [0.1, 0.1, 0.1, 0.1, 5.0])]
               + [comp([24, EOS])] * 2,
               Q + (20, 21, 22, ANSWER): [comp([EOS])] * 3}
     engine = ScriptedEngine(script)
@@ -199,3 +199,72 @@ def test_invalid_settings_are_reported():
         build_trees(engine, [Q], [correct], group_size=0, k=1, budget=16)
     with pytest.raises(ValueError):
         build_trees(engine, [Q], [], group_size=4, k=1, budget=16)
+
+
+# ------------------------------------------------------------------ cut-off answers (issue 22)
+
+CUT_OFF_TAIL = "4. Eliminate the extraneces (where Sarasons sleep"
+
+
+class Words:
+    """A word-level stand-in for a tokenizer: id 1 is EOS (decodes to nothing), others are words."""
+
+    def __init__(self):
+        self.ids: dict[str, int] = {}
+
+    def encode(self, text: str) -> list[int]:
+        return [self.ids.setdefault(w, 200 + len(self.ids)) for w in text.split()]
+
+    def decode(self, ids) -> str:
+        words = {i: w for w, i in self.ids.items()}
+        return " ".join(words[i] for i in ids if i != EOS)
+
+
+def rambling_answer(words: Words, n_tokens: int) -> list[int]:
+    """A rambling answer of exactly n_tokens that stops mid-list at "4. Eliminate the ..."."""
+    tail = words.encode(CUT_OFF_TAIL)
+    filler = words.encode("First we read the question again and think about what it asks .")
+    body = (filler * n_tokens)[: n_tokens - len(tail)]
+    return body + tail
+
+
+def gsm8k_scorer(words: Words, gold: str):
+    from bfspo.tasks.verify import is_correct
+
+    return lambda ids: is_correct("gsm8k", words.decode(ids), gold)
+
+
+def test_the_issues_cut_off_answer_is_wrong_for_reward_selection_and_filter():
+    """Issue 22: a 128-token answer cut off by the budget mid-list, "4. Eliminate the ...", gold 4.
+    Read as written the verifier takes its last number, 4; in training the chain gave no answer."""
+    from bfspo.algorithm.advantages import assign_rewards
+
+    words = Words()
+    cut = rambling_answer(words, 128)
+    wrong = words.encode("The answer is 5 .") + [EOS]
+    score = gsm8k_scorer(words, "4")
+    assert score(cut)  # the reading as written: the list number counts as the answer
+    engine = ScriptedEngine({Q: [comp(cut, finished=False), comp(wrong)]})
+    (tree,) = build_trees(engine, [Q], [score], group_size=2, k=1, budget=128)
+    assert [tree.segments[i].leaf.correct for i in tree.leaves()] == [False, False]
+    assert best_leaf(tree) is None and tree.stopped == {"iteration": 1, "reason": "no correct path"}
+    assert not keep_tree(tree) and len(engine.calls) == 1  # no backtracking at depth 127
+    assert tree.segments[0].leaf.length == 128 and not tree.segments[0].leaf.finished
+    assign_rewards(tree)
+    assert tree.segments[0].leaf.reward == -2.0  # Eq. 4 with v = 0, plus R_l = -1 at the budget
+
+
+def test_a_cut_off_answer_counts_as_wrong_beside_finished_ones():
+    """The same text is correct once it ends with EOS; cut off, it turns an all-correct group (no
+    signal) into one with signal, and is never the path that Eq. 5 selects."""
+    words = Words()
+    right = words.encode("2 + 2 = 4 . The answer is 4 .") + [EOS]
+    cut = words.encode("2 + 2 = 4 . The answer is 4 . Also")
+    score = gsm8k_scorer(words, "4")
+    script = {Q: [comp(cut, finished=False), comp(right), comp(right)],
+              Q + tuple(right[:1]): [comp(right[1:])] * 3}
+    engine = ScriptedEngine(script)
+    (tree,) = build_trees(engine, [Q], [score], group_size=3, k=1, budget=len(cut))
+    first = [tree.segments[i].leaf for i in tree.leaves()[:3]]
+    assert [(leaf.correct, leaf.finished) for leaf in first] == [(False, False), (True, True), (True, True)]
+    assert tree.selected[0]["leaf"] == 1 and keep_tree(tree)

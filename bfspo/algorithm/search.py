@@ -7,6 +7,8 @@ are still expanding, so the sampler sees a large batch. K = 0 is exactly DAPO's 
 
 Conventions (docs/algorithm.md):
 
+* Correctness: a leaf is correct iff its chain finished with EOS and the verifier accepts it; a
+  chain cut off by the budget is wrong (`add_completions`).
 * Selection, "bfs": the shortest correct complete path, ties to the earliest created leaf. A tree
   with no correct path stops expanding (there is no best solution to refine; such a tree is
   dropped later by the dynamic-sampling filter anyway, unless an earlier expansion made it useful).
@@ -78,10 +80,16 @@ def expand(tree: SearchTree, point: tuple[int, int], completions: Sequence, iter
 
 
 def add_completions(tree: SearchTree, parent: int | None, completions: Sequence, iteration: int, score: Scorer) -> None:
-    """Attach engine completions below `parent` and score each new leaf with the verifier."""
+    """Attach engine completions below `parent` and score each new leaf with the verifier.
+
+    A chain cut off by the budget (not finished with EOS) is wrong whatever its text: its answer
+    was never given, and the verifier's fallbacks (the last number of the text) would read one into
+    a half-written list. This is the only place a leaf gets its verdict, so the reward (Eq. 4,
+    v = 0), the selection (Eq. 5) and dynamic sampling (Eq. 2's constraint) all follow from it.
+    """
     for c in completions:
         leaf = tree.add_completion(parent, c.token_ids, c.logprobs, c.entropies, c.finished, iteration)
-        tree.segments[leaf].leaf.correct = bool(score(tree.path_tokens(leaf)))
+        tree.segments[leaf].leaf.correct = bool(c.finished) and bool(score(tree.path_tokens(leaf)))
 
 
 def build_trees(engine, prompts: Sequence[Sequence[int]], scorers: Sequence[Scorer], *, group_size: int, k: int,

@@ -41,9 +41,9 @@ NAN = float("nan")
 class Leaf:
     """A complete root-to-leaf path o (Appendix B: its reward needs only v(o, a*) and |o|)."""
 
-    correct: bool  # v(o, a*) = 1
+    correct: bool  # v(o, a*) = 1; always False for a chain cut by the budget (search.add_completions)
     length: int  # |o|: generated tokens of the whole path, EOS included
-    finished: bool  # ended with EOS (False: cut by the token budget, scored as written)
+    finished: bool  # ended with EOS (False: cut by the token budget, so never correct)
     reward: float | None = None  # Eq. 4 (set by bfspo.algorithm.advantages.assign_rewards)
     advantage: float | None = None  # Eq. 1 over the tree's chains (global variant only)
 
