@@ -12,7 +12,7 @@ import time
 import pytest
 
 from bfspo.cli import main
-from bfspo.evaluation.evaluate import check_lengths
+from bfspo.evaluation.evaluate import check_lengths, summarize
 from bfspo.io import read_json, read_jsonl
 from bfspo.tasks.prompts import prompt_ids
 from bfspo.tasks.verify import extract_answer, is_correct
@@ -66,6 +66,36 @@ def test_greedy_evaluation_writes_samples_and_summary(tiny_model_dir, tmp_path):
     for key in ("accuracy", "avg_length"):
         lo, hi = summary[f"{key}_ci"]
         assert lo <= summary[key] <= hi
+
+
+def test_cut_off_answers_are_scored_under_both_readings():
+    """A response cut off by the budget counts as written in `accuracy` (TokenSkip's reading, the
+    tables') and as wrong in `accuracy_cutoff_wrong` (training's reading)."""
+    cut_text = "1. Read the question 2. Add the numbers 3. Check 4. Eliminate the"
+    assert is_correct("gsm8k", cut_text, "4")  # as written: the list number is read as the answer
+    samples = [{"correct": True, "finished": False, "num_tokens": 12},  # q0: the cut-off list
+               {"correct": True, "finished": True, "num_tokens": 5},  # q1: right, finished
+               {"correct": False, "finished": True, "num_tokens": 7},  # q2: two samples, one right but cut off
+               {"correct": True, "finished": False, "num_tokens": 12}]
+    per_q = summarize(samples[:2], 2)
+    assert per_q["accuracy"] == 100.0 and per_q["accuracy_cutoff_wrong"] == 50.0
+    two = summarize(samples, 2)
+    assert two["accuracy"] == pytest.approx((100 + 50) / 2) and two["accuracy_cutoff_wrong"] == pytest.approx(25.0)
+    lo, hi = two["accuracy_cutoff_wrong_ci"]
+    assert lo <= 25.0 <= hi
+
+
+def test_threads_sets_torchs_threads(tiny_model_dir, tmp_path, capsys):
+    import torch
+
+    data = write_rows(tmp_path / "gsm8k.jsonl", ROWS[:1])
+    try:
+        assert evaluate(tiny_model_dir, data, tmp_path / "out", "--threads", "2") == 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+    assert evaluate(tiny_model_dir, data, tmp_path / "bad", "--threads", "0") == 2
+    assert "--threads must be positive" in capsys.readouterr().err
 
 
 def test_sampled_evaluation_scores_the_mean_over_samples(tiny_model_dir, tmp_path):
@@ -186,6 +216,7 @@ def test_eval_run_has_intervals_in_its_summary_a_samples_table_and_tags(tiny_mod
     assert not {"accuracy", "avg_length", "accuracy_ci", "meta"} & set(config) and config["benchmark"] == "gsm8k"
     wb = record["summary"]
     assert wb["eval/accuracy"] == pytest.approx(summary["accuracy"])
+    assert wb["eval/accuracy_cutoff_wrong"] == pytest.approx(summary["accuracy_cutoff_wrong"])
     assert [wb["eval/avg_length_ci_low"], wb["eval/avg_length_ci_high"]] == pytest.approx(summary["avg_length_ci"])
     assert wb["eval/samples._type"] == "table-file" and wb["eval/samples.nrows"] == 3
 

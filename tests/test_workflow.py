@@ -187,6 +187,20 @@ def test_paper_jobs_request_gpus_by_model_size():
     assert len(cpu_jobs) == 2 and not any("gpu=" in t for t in cpu_jobs)
 
 
+def test_job_threads_reach_train_and_evaluate_as_torch_threads():
+    """Snakemake's threads become torch threads: shared out among a training job's ranks (8B: 2 GPUs
+    x 8 CPUs, 2 ranks of 8), whole for an evaluation; the CPU configs' one thread per job."""
+    out = dry_run("-p", "--cores", "64", "results/runs/llama3.1-8b_math_bfspo_s0/done.json",
+                  "results/eval/qwen2.5-7b_math_dapo_s0/aime25/summary.json", "--configfile", "config/paper.yaml")
+    (train,) = [t for r, t in jobs(out) if r == "train" and "run=llama3.1-8b_math_bfspo_s0" in t]
+    (evaluate,) = [t for r, t in jobs(out) if r == "evaluate"]
+    assert re.search(r"^\s*threads: 16$", train, re.M) and "--set threads=8 " in train
+    assert re.search(r"^\s*threads: 8$", evaluate, re.M) and "--threads 8 " in evaluate
+    out = dry_run("-p", "--cores", "2", "--configfile", "config/test.yaml")
+    commands = [t for r, t in jobs(out) if r in ("train", "evaluate")]
+    assert commands and all("--set threads=1 " in t or "--threads 1 " in t for t in commands)
+
+
 def test_aime_is_evaluated_with_32_samples_at_temperature_1():
     out = dry_run("-p", "results/eval/qwen2.5-7b_math_dapo_s0/aime25/summary.json", "--configfile", "config/paper.yaml")
     (cmd,) = [t for r, t in jobs(out) if r == "evaluate"]

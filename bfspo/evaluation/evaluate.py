@@ -5,6 +5,16 @@ benchmark's token budget, except where the registry asks for several samples at 
 (AIME'25: 32 samples at T=1, scored by their mean accuracy). Length is the number of generated
 tokens, reasoning and answer, counted with the model's tokenizer up to and including EOS.
 
+A response cut off by the budget (`finished` false) is scored in two ways. `accuracy`, which the
+tables use, scores it as written: TokenSkip's evaluation, whose protocol the paper adopts for
+GSM8K, MATH-500 and MMLU-STEM, passes every output to its answer extraction (the last \\boxed{},
+else "the answer is", else the last number) whether generation stopped at EOS or at
+max_new_tokens; its generation loop records which outputs finished but the scoring never reads it
+(TokenSkip's evaluation.py and eval/utils.py). `accuracy_cutoff_wrong` counts every cut-off
+response wrong, as training does (bfspo.algorithm.search.add_completions). For AIME'25 and
+Minerva-Math, which TokenSkip does not evaluate, no protocol is stated; the tables read them as
+written too, so that every column is scored one way.
+
 Questions are generated in fixed batches of --batch-size sequences, each batch with its own seed
 (the sampling seed plus the batch's first position), and each batch's samples are appended to
 DIR/samples.partial.jsonl as soon as they are scored: an interrupted evaluation, rerun with the same
@@ -54,6 +64,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="sequences generated at once")
     parser.add_argument("--limit", type=int, help="evaluate only the first N questions")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's); 1 where jobs share cores")
     parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
     parser.add_argument("--meta", nargs="*", default=[], metavar="KEY=VALUE",
                         help="labels copied into summary.json (e.g. method=bfspo k=3)")
@@ -138,12 +149,20 @@ def score(benchmark: Benchmark, rows: list[dict], results: list[list[Completion]
 
 def summarize(samples: list[dict], n_questions: int, seed: int = 0) -> dict:
     """Accuracy (percent) and length: per-question means over samples, then the mean over questions,
-    each with a 95% bootstrap interval that resamples questions."""
+    each with a 95% bootstrap interval that resamples questions. `accuracy` scores cut-off responses
+    as written (the tables' reading), `accuracy_cutoff_wrong` counts them wrong (module doc)."""
     per_q = len(samples) // n_questions
-    correct = np.array([s["correct"] for s in samples], dtype=float).reshape(n_questions, per_q).mean(1) * 100
-    length = np.array([s["num_tokens"] for s in samples], dtype=float).reshape(n_questions, per_q).mean(1)
+
+    def per_question(values) -> np.ndarray:
+        return np.array(values, dtype=float).reshape(n_questions, per_q).mean(1)
+
+    correct = per_question([s["correct"] for s in samples]) * 100
+    strict = per_question([s["correct"] and s["finished"] for s in samples]) * 100
+    length = per_question([s["num_tokens"] for s in samples])
     return {"n_questions": n_questions, "samples_per_question": per_q,
             "accuracy": float(correct.mean()), "accuracy_ci": list(bootstrap_ci(correct, seed=seed)),
+            "accuracy_cutoff_wrong": float(strict.mean()),
+            "accuracy_cutoff_wrong_ci": list(bootstrap_ci(strict, seed=seed)),
             "avg_length": float(length.mean()), "avg_length_ci": list(bootstrap_ci(length, seed=seed)),
             "finished_fraction": float(np.mean([s["finished"] for s in samples])),
             "verify_timeouts": sum(bool(s.get("verify_timeout")) for s in samples)}
@@ -204,7 +223,7 @@ def run_config(summary: dict) -> dict:
 def eval_summary(summary: dict) -> dict:
     """The `eval/` keys of an evaluation run's W&B summary: accuracy and length with their 95% intervals."""
     out = {}
-    for key in ("accuracy", "avg_length"):
+    for key in ("accuracy", "accuracy_cutoff_wrong", "avg_length"):
         out[f"eval/{key}"] = summary[key]
         out[f"eval/{key}_ci_low"], out[f"eval/{key}_ci_high"] = summary[f"{key}_ci"]
     out |= {f"eval/{k}": summary[k] for k in ("finished_fraction", "n_questions", "samples_per_question",
@@ -220,8 +239,8 @@ def protocol_of(args) -> tuple[int, int, float]:
     samples = benchmark.samples if args.samples is None else args.samples
     temperature = benchmark.temperature if args.temperature is None else args.temperature
     check_protocol(budget, samples, temperature)
-    if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
-        raise BfspoError("--batch-size and --limit must be positive")
+    if args.batch_size < 1 or any(x is not None and x < 1 for x in (args.limit, args.threads)):
+        raise BfspoError("--batch-size, --limit and --threads must be positive")
     return budget, samples, temperature
 
 
@@ -276,6 +295,10 @@ def evaluate(args) -> int:
         print(f"{args.out_dir}: already done with these settings (summary.json); delete it to evaluate again")
         return 0
     rows = read_questions(args.data, benchmark, args.limit)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     engine, tokenizer, max_positions = build_engine(args)
     prompts = [prompt_ids(tokenizer, benchmark, str(row["question"])) for row in rows]
@@ -321,6 +344,7 @@ def evaluate(args) -> int:
         print(f"{benchmark.name}: {summary['verify_timeouts']} verification(s) missed their deadline and were scored "
               "wrong (samples.jsonl: verify_timeout)")
     print(f"{benchmark.name}: accuracy {summary['accuracy']:.1f}% "
-          f"[{summary['accuracy_ci'][0]:.1f}, {summary['accuracy_ci'][1]:.1f}], "
+          f"[{summary['accuracy_ci'][0]:.1f}, {summary['accuracy_ci'][1]:.1f}] "
+          f"({summary['accuracy_cutoff_wrong']:.1f}% with cut-off answers wrong), "
           f"avg length {summary['avg_length']:.1f} tokens ({len(rows)} questions x {samples}) -> {args.out_dir}")
     return 0

@@ -1,5 +1,6 @@
 """Evaluation: each trained run on every benchmark its tables show, and each model zero-shot
-(run id <model>_zero-shot, no adapter) once per benchmark. `bfspo evaluate` writes summary.json last.
+(run id <model>_zero-shot, no adapter) once per benchmark, with the job's threads as torch threads.
+`bfspo evaluate` writes summary.json last.
 The log is a link to evaluate.log in the output folder, which every attempt appends to."""
 
 EVAL_LOG = "logs/eval/{run}/{benchmark}.log"
@@ -30,4 +31,4 @@ rule evaluate:
         CONDA_ENV
     shell:
         "mkdir -p {params.out_dir:q} && ln -sfn {params.log_link:q} {log:q} && "
-        "bfspo evaluate {params.args} --out-dir {params.out_dir:q} >> {log:q} 2>&1"
+        "bfspo evaluate {params.args} --threads {threads} --out-dir {params.out_dir:q} >> {log:q} 2>&1"

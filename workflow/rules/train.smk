@@ -2,7 +2,8 @@
 attempts (checkpoints for resume); only done.json, written last, marks a finished run. A job that
 hits its time limit is retried (`retries` in the Slurm profile) and resumes from its checkpoint.
 A size class with several GPUs (or `ranks` on CPU) trains data-parallel under torchrun, across
-`nodes` nodes with srun where it asks for more than one. The log is a link to train.log in the run
+`nodes` nodes with srun where it asks for more than one. The job's threads are shared out among
+its ranks as torch threads (`--set threads=`, after the config's settings). The log is a link to train.log in the run
 directory, which every attempt appends to (common.smk: logged_in_output_dir)."""
 
 TRAIN_LOG = "logs/train/{run}.log"
@@ -26,6 +27,7 @@ rule train:
         log_link=logged_in_output_dir("train.log", TRAIN_LOG),
         settings=train_args,
         launcher=train_launcher,
+        rank_threads=lambda wc, threads: max(1, threads // _ranks(wc.run)),  # torch threads of each rank
     threads: job_threads("train")
     resources:
         **job_resources("train"),
@@ -33,4 +35,5 @@ rule train:
         CONDA_ENV
     shell:
         "mkdir -p {params.out_dir:q} && ln -sfn {params.log_link:q} {log:q} && "
-        "{params.launcher} train --output-dir {params.out_dir:q} {params.settings} >> {log:q} 2>&1"
+        "{params.launcher} train --output-dir {params.out_dir:q} {params.settings} --set threads={params.rank_threads} "
+        ">> {log:q} 2>&1"
