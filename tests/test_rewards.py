@@ -59,13 +59,37 @@ def test_math_extraction(response, answer):
         ("Answer: D", "D"),
         ("I first thought B, but the answer is A.", "A"),
         ("The answer is:\n\n(C) 7", "C"),
-        ("I think B is right, but actually C.", "C"),
+        ("I think B is right, but actually C.", None),  # no box, no answer statement: no letter (issue 22)
         ("\\boxed{7}", None),  # the choice's text, not its letter
         ("A prime has exactly two divisors.\nSo it is 7.", None),
+        ("A. 4\nB. 6\nC. 7\nD. 9\nAnswer: D. 9", "D"),  # the options repeated, then an answer statement
+        ("**Answer:** (B) 6", "B"),
     ],
 )
 def test_mmlu_extracts_the_letter(response, letter):
     assert extract_answer("mmlu_stem", response) == letter
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        # issue 22: SmolLM2 repeated the four options, and the last standalone letter read as "D"
+        "The question asks about a virus.\nA. increase the birth rate\nB. decrease the death rate\n"
+        "C. increase the population\nD. increase the mortality rate",
+        "(A) 4\n(B) 6\n(C) 7\n(D) 9",
+        "A) 4\nB) 6\nC) 7\nD) 9\n",
+        "Options:\n  **A:** 4\n  **B:** 6\n  **C:** 7\n  **D:** 9",
+        "The answer is:\nA. 4\nB. 6\nC. 7\nD. 9",  # an answer statement followed by the whole list
+        "A: 4\nB: 6\nC: 7\nD: 9",  # "A:" reads as an answer phrase; the list after it chooses nothing
+        "The answer is A, B, C or D.",  # the instruction's letters, echoed
+        "\\boxed{A, B, C, D}",
+        "The answer is (B) or (D).",
+        "Let me think. D",  # a bare letter is not an answer statement
+    ],
+)
+def test_mmlu_refuses_a_list_of_choices(response):
+    assert extract_answer("mmlu_stem", response) is None
+    assert not is_correct("mmlu_stem", response, "D")
 
 
 def test_last_boxed_handles_unbalanced_and_missing_boxes():

@@ -1,8 +1,9 @@
 """The verifier v(o, a*): answer extraction and answer checking.
 
 Extraction follows TokenSkip (which follows the Qwen2.5-Math evaluation): the last \\boxed{} if
-there is one; otherwise the text after the last "the answer is" / "final answer is" /
-"answer:" / "####" / a line starting "A:"; otherwise the last number. Math answers are then
+there is one; otherwise the text after the last "(the / final / correct) answer is" /
+"answer:" / "####" / a line starting "A:"; otherwise the last number. An MMLU letter comes only
+from the box or the answer phrase, never from a list of the choices. Math answers are then
 compared with math-verify (gold first). math-verify's own timeout uses SIGALRM, which only works
 in the main thread, so it is switched off and every comparison runs instead in a persistent child
 process that is killed and replaced when it misses its deadline: a pathological answer such as
@@ -43,14 +44,15 @@ WARM_UP = [("\\frac{1}{2}", "0.5"), ("x^2+1", "1+x^2"), ("\\{1, 2\\}", "(1, 2]")
 # ---------------------------------------------------------------- extraction
 
 _ANCHOR = re.compile(
-    r"(?:(?:the|final)\s+answer\s+is|answer\s*(?:\*+\s*)?:|####|^[ \t]*A[ \t]*:)\s*",
+    r"(?:\banswer\s+is|answer\s*(?:\*+\s*)?:|####|^[ \t]*A[ \t]*:)\s*",  # "the / final / correct answer is"
     re.IGNORECASE | re.MULTILINE,
 )
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+(?:\.\d+)?)?|-?\.\d+")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
 _LETTER = re.compile(r"^\(?([A-D])\)?(?![A-Za-z0-9])")
-_STANDALONE_LETTER = re.compile(r"(?<![A-Za-z0-9])\(?([A-D])\)?(?![A-Za-z0-9'])")
+_MORE_LETTERS = re.compile(r"\s*(?:,|/|\bor\b|\band\b)\s*\(?[A-D]\)?(?![A-Za-z0-9])")  # "A, B", "A or B"
+_CHOICE_LINE = re.compile(r"^[ \t*]*\(?([A-D])(?:\)|[.:])[ \t*]", re.MULTILINE)  # "A. 4", "(B) 6", "**C:** 7"
 
 
 _BRACE_DEPTH = {"{": 1, "}": -1}
@@ -74,11 +76,17 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def _after_last_anchor(text: str) -> str | None:
-    """The rest of the sentence after the last answer phrase ("the answer is", "####", ...)."""
+def _last_anchor(text: str) -> re.Match | None:
+    """The last answer phrase ("the answer is", "####", ...) of `text`, if any."""
     last = None
     for last in _ANCHOR.finditer(text):
         pass
+    return last
+
+
+def _after_last_anchor(text: str) -> str | None:
+    """The rest of the sentence after the last answer phrase."""
+    last = _last_anchor(text)
     if last is None:
         return None
     rest = text[last.end() :].lstrip(" \t\n:*").split("\n", 1)[0]
@@ -146,16 +154,28 @@ def extract_answer(benchmark: str | Benchmark, response: str) -> str | None:
     return ans or _last_number(response)
 
 
+def _lists_choices(text: str) -> bool:
+    """Whether `text` lists choices: lines that start with at least two different letters A-D."""
+    return len(set(_CHOICE_LINE.findall(text))) >= 2
+
+
 def _extract_letter(response: str, boxed: str | None) -> str | None:
-    """The chosen letter: from the last box, else the answer phrase, else the last standalone A-D."""
-    for candidate in (boxed, _after_last_anchor(response)):
+    """The chosen letter, only from the last box or else the last answer statement ("the answer is
+    (C)", "Answer: C"); never from a letter that merely stands in the text.
+
+    A response that repeats the options ("A. ... D. increase the mortality rate") names every letter
+    and chooses none: an answer statement followed by such a list, and a candidate that names
+    several letters ("A, B, C or D"), give no letter.
+    """
+    anchor = _last_anchor(response)
+    anchored = None if anchor is None or _lists_choices(response[anchor.end():]) else _after_last_anchor(response)
+    for candidate in (boxed, anchored):
         if candidate is not None:
-            m = _LETTER.match(re.sub(r"\\text(?:bf)?\{([^{}]*)\}", r"\1", _strip_answer(candidate)))
-            if m:
+            text = re.sub(r"\\text(?:bf)?\{([^{}]*)\}", r"\1", _strip_answer(candidate))
+            m = _LETTER.match(text)
+            if m and not _MORE_LETTERS.match(text, m.end()):
                 return m.group(1)
-    lines = [line for line in response.splitlines() if line.strip()]
-    letters = _STANDALONE_LETTER.findall(lines[-1]) if lines else []
-    return letters[-1] if letters else None
+    return None
 
 
 # ---------------------------------------------------------------- checking
