@@ -128,3 +128,42 @@ def test_stats_skip_filtered_trees_and_name_bad_paths(tmp_path, capsys):
     (tmp_path / "bad.jsonl").write_text('{"segments": 1}\n')
     assert main(["tree", "stats", str(tmp_path / "bad.jsonl")]) == 2
     assert "bad.jsonl:1: not a logged search tree" in capsys.readouterr().err
+
+
+def test_tree_text_keeps_characters_split_over_byte_tokens(tiny_model_dir, tmp_path, capsys):
+    """Issue 22: a byte-level BPE spreads `÷` and `≈` over two tokens each, and each decodes alone to
+    `�`. Token texts come from the decoded prefix: the logged text, `bfspo tree show --tokenizer`
+    and the W&B sample table (which renders the logged text) show the characters, even where a
+    backtracking token splits one."""
+    from functools import partial
+
+    from transformers import AutoTokenizer
+
+    from bfspo.detokenize import token_texts
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    text = "So 3 ÷ 4 ≈ 0.75 here<|im_end|>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    alone = [tok.decode([i]) for i in ids]
+    assert alone.count("\ufffd") >= 4  # the bug: each byte of ÷ and ≈ decoded alone
+    texts = token_texts(tok, ids)
+    assert len(texts) == len(ids) and "".join(texts) == text and "\ufffd" not in "".join(texts)
+    assert sum(t.endswith(("÷", "≈")) for t in texts) == 2
+    assert texts.count("") == len("÷".encode()) - 1 + len("≈".encode()) - 1  # the bytes before each last one
+
+    cut = alone.index("\ufffd")  # w^b is the first byte of ÷: the character is split across segments
+    t = SearchTree(prompt_ids=[1, 2], budget=len(ids) + 4)
+    s = t.add_completion(None, ids, [-0.1] * len(ids), [0.1] * len(ids), True, 0)
+    b = t.split(s, cut)
+    t.segments[b].ends_in_B = True
+    t.add_completion(b, ids[cut + 1:], [-0.1] * (len(ids) - cut - 1), [0.1] * (len(ids) - cut - 1), True, 1)
+    t.segments[s].leaf.correct = True
+    t.selected = [{"iteration": 1, "leaf": s, "length": len(ids)}]
+    logged = t.to_dict(partial(token_texts, tok))
+    assert "".join(logged["segments"][b]["text"] + logged["segments"][s]["text"]) == text
+    path = tmp_path / "trees.jsonl"
+    write_jsonl(path, [logged, t.to_dict()])
+    for args in (["--index", "0"], ["--index", "1", "--tokenizer", str(tiny_model_dir)]):
+        assert main(["tree", "show", str(path), *args]) == 0
+        out = capsys.readouterr().out
+        assert "÷ 4 ≈ 0.75" in out and "\ufffd" not in out

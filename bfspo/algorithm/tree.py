@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 NAN = float("nan")
+DECODE_CONTEXT = 8  # tokens of its path that a segment's decoding sees before it (segment_texts)
 
 
 @dataclass
@@ -194,17 +195,29 @@ class SearchTree:
 
     # --- serialisation ------------------------------------------------------------------------
 
+    def segment_texts(self, decode: Callable[[list[int]], list[str]]) -> list[list[str]]:
+        """One string per token of each segment. `decode(ids)` gives one string per id (e.g.
+        bfspo.detokenize.token_texts); it sees each segment after the last DECODE_CONTEXT tokens of
+        the path above it, so a character or a space that depends on them comes out right."""
+        texts = []
+        for s in self.segments:
+            context = [] if s.parent is None else self.path_tokens(s.parent)[-DECODE_CONTEXT:]
+            texts.append(list(decode(context + s.token_ids))[len(context):])
+        return texts
+
     def to_dict(self, decode: Callable[[list[int]], list[str]] | None = None) -> dict:
         """A JSON-ready dict (NaN -> null). With `decode` (ids -> one string per token), each segment
-        also carries its token strings under "text", so `bfspo tree show` needs no tokenizer."""
+        also carries its token strings under "text" (`segment_texts`), so `bfspo tree show` needs no
+        tokenizer."""
+        texts = self.segment_texts(decode) if decode is not None else None
         segments = []
         for s in self.segments:
             d = {"id": s.id, "parent": s.parent, "start": s.start, "iteration": s.iteration,
                  "token_ids": s.token_ids, "logprobs": s.logprobs,
                  "entropy_after": [None if math.isnan(h) else h for h in s.entropy_after],
                  "children": s.children, "ends_in_B": s.ends_in_B, "reward": s.reward, "advantage": s.advantage}
-            if decode is not None:
-                d["text"] = list(decode(s.token_ids))
+            if texts is not None:
+                d["text"] = texts[s.id]
             segments.append(d)
         leaves = [{"segment": i, "correct": self.segments[i].leaf.correct, "length": self.segments[i].leaf.length,
                    "finished": self.segments[i].leaf.finished, "reward": self.segments[i].leaf.reward,

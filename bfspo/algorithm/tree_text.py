@@ -20,9 +20,10 @@ def _fmt(x: float | None) -> str:
 def render_tree(d: dict, decode: Callable[[list[int]], list[str]] | None = None, title: str = "tree") -> str:
     """The text rendering of one SearchTree.to_dict() (see the module doc)."""
     tree = SearchTree.from_dict(d)
+    decoded = tree.segment_texts(decode) if decode else None
     texts = {}
     for s, raw in zip(tree.segments, d["segments"]):
-        pieces = raw.get("text") or (decode(s.token_ids) if decode else [f"<{t}>" for t in s.token_ids])
+        pieces = raw.get("text") or (decoded[s.id] if decoded else [f"<{t}>" for t in s.token_ids])
         if s.ends_in_B:
             pieces = pieces[:-1] + [f"[[{pieces[-1]}]]"]
         texts[s.id] = "".join(pieces)

@@ -46,13 +46,15 @@ def _show(args: argparse.Namespace) -> int:
     if args.tokenizer:
         from transformers import AutoTokenizer
 
+        from bfspo.detokenize import token_texts
+
         try:
             tok = AutoTokenizer.from_pretrained(args.tokenizer)
         except (OSError, ValueError) as e:
             raise BfspoError(f"cannot load tokenizer {args.tokenizer!r}: {e}") from None
 
         def decode(ids: list[int]) -> list[str]:
-            return [tok.decode([i]) for i in ids]
+            return token_texts(tok, ids)
 
     for n, (i, (lineno, d)) in enumerate(picked):
         try:

@@ -431,7 +431,10 @@ class Trainer:
         return self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps
 
     def token_strings(self, ids: list[int]) -> list[str]:
-        return [self.tokenizer.decode([i]) for i in ids]
+        """Each token's text within the decoded sequence, so characters split over tokens survive."""
+        from bfspo.detokenize import token_texts
+
+        return token_texts(self.tokenizer, ids)
 
     def finish(self) -> None:
         """The final adapter (through a temporary folder), then done.json last; a run in which no
