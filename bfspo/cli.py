@@ -19,6 +19,7 @@ COMMANDS = {
     "prepare": ("bfspo.tasks.prepare", "normalise the raw benchmark files into one JSONL per split"),
     "evaluate": ("bfspo.evaluation.evaluate", "evaluate a model (optionally with a LoRA adapter) on one benchmark"),
     "train": ("bfspo.training.trainer", "train one model with DAPO, BFS-PO or an ablation variant"),
+    "model": ("bfspo.model_convert", "convert a model: `from-gguf FILE OUT` writes a Hugging Face model folder"),
     "toy": ("bfspo.toy.cli", "build the embedded toy task and its tiny reasoning model"),
     "rehearsal-config": ("bfspo.rehearsal.config", "derive the rehearsal config (tiny stand-in models) from the paper config"),
     "stand-in": ("bfspo.rehearsal.stand_in", "build a tiny random-init model that stands in for a hub model"),
