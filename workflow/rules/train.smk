@@ -3,8 +3,8 @@ attempts (checkpoints for resume); only done.json, written last, marks a finishe
 hits its time limit is retried (`retries` in the Slurm profile) and resumes from its checkpoint.
 A size class with several GPUs (or `ranks` on CPU) trains data-parallel under torchrun, across
 `nodes` nodes with srun where it asks for more than one. The job's threads are shared out among
-its ranks as torch threads (`--set threads=`, after the config's settings). The log is a link to train.log in the run
-directory, which every attempt appends to (common.smk: logged_in_output_dir)."""
+its ranks as torch threads (`--set threads=`, after the config's settings). The log is a link to
+train.log in the run directory, which every attempt appends to (common.smk: logged_in_output_dir)."""
 
 TRAIN_LOG = "logs/train/{run}.log"
 
