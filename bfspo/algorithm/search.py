@@ -89,7 +89,8 @@ def add_completions(tree: SearchTree, parent: int | None, completions: Sequence,
     """
     for c in completions:
         leaf = tree.add_completion(parent, c.token_ids, c.logprobs, c.entropies, c.finished, iteration)
-        tree.segments[leaf].leaf.correct = bool(c.finished) and bool(score(tree.path_tokens(leaf)))
+        verdict = bool(score(tree.path_tokens(leaf)))  # called for every chain: its statistics (timeouts) count all
+        tree.segments[leaf].leaf.correct = verdict and bool(c.finished)
 
 
 def build_trees(engine, prompts: Sequence[Sequence[int]], scorers: Sequence[Scorer], *, group_size: int, k: int,
