@@ -10,6 +10,9 @@
         Face model directory with sft.json (config, losses, wall time), renamed into place last.
     bfspo toy forms EVAL_DIR [EVAL_DIR ...]
         how verbose the answers of a `bfspo evaluate` output directory are (bfspo/toy/report.py).
+    bfspo toy hash --model-dir MODEL_DIR --data-dir DIR --out FILE [--record RECORDED_FILE]
+        writes the SHA-256 of the data and model files (and what built them) to FILE and prints
+        whether they equal a recorded set (bfspo/toy/record.py); a mismatch is printed, not an error.
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     from bfspo import tracking
 
     tracking.add_arguments(build, "fine-tuning (losses and learning rate per step, sft/)")
+
+    hashes = sub.add_parser("hash", help="SHA-256 of the toy data and model, compared with a recorded set")
+    hashes.add_argument("--model-dir", required=True, type=Path)
+    hashes.add_argument("--data-dir", required=True, type=Path)
+    hashes.add_argument("--out", required=True, type=Path, help="the hash file to write (sha256sum format)")
+    hashes.add_argument("--record", type=Path, help="a recorded hash file to compare with (results/recorded/)")
 
     forms = sub.add_parser("forms", help="how verbose a toy model's answers are (from `bfspo evaluate` output)")
     forms.add_argument("eval_dirs", nargs="+", type=Path, help="output directories of `bfspo evaluate`")
@@ -122,5 +131,12 @@ def _run_build(args) -> int:
     return 0
 
 
+def _run_hash(args) -> int:
+    from bfspo.toy.record import write_and_check
+
+    print(write_and_check(args.model_dir, args.data_dir, args.out, args.record))
+    return 0
+
+
 def run(args) -> int:
-    return {"data": _run_data, "build": _run_build, "forms": _run_forms}[args.toy_command](args)
+    return {"data": _run_data, "build": _run_build, "forms": _run_forms, "hash": _run_hash}[args.toy_command](args)

@@ -272,6 +272,8 @@ def final_outputs():
         outputs.append(f"{RESULTS}/tables/aes_consistency.csv")
     if "stand_ins" in config:
         outputs.append(f"{RESULTS}/rehearsal_check.json")
+    if "toy" in config:
+        outputs.append(f"{config['toy']['model_dir']}.sha256")
     return outputs
 
 

@@ -1,4 +1,5 @@
-"""The embedded toy (issue 6): generate the task, then build and SFT its tiny reasoning model; and,
+"""The embedded toy (issue 6): generate the task, then build and SFT its tiny reasoning model; hash
+both and say whether they equal `toy.record` (issue 24; a mismatch is printed, not a failure); and,
 where `toy.questions` asks for them, other RL and evaluation questions for the same model (harder
 ones, none of them an SFT question)."""
 
@@ -33,7 +34,9 @@ if "toy" in config:
         params:
             size=TOY["size"],
             wandb=sft_wandb_args(f"sft-{Path(TOY['model_dir']).parent.name}"),
-        threads: 2
+        # The model's bytes depend on the SFT's thread count, so the SFT sets its own (SFTConfig.threads,
+        # 1 thread): never taken from --cores, the same on every machine, and unhurt by shared cores.
+        threads: 1
         resources:
             gpu=TOY.get("gpus", 0),
             **slurm_resources(lambda wc: TOY.get("gpus", 0) > 0),
@@ -41,6 +44,26 @@ if "toy" in config:
             CONDA_ENV
         shell:
             "bfspo toy build --train {input:q} --out-dir {output:q} --size {params.size} {params.wandb} > {log} 2>&1"
+
+    rule toy_check:
+        input:
+            data=expand("{dir}/{name}.jsonl", dir=TOY["data_dir"], name=TOY_DATA_FILES),
+            model=TOY["model_dir"],
+            record=TOY.get("record", []),
+        output:
+            f"{TOY['model_dir']}.sha256",
+        log:
+            "logs/toy/check.log",
+        params:
+            data_dir=TOY["data_dir"],
+            record=f"--record {TOY['record']}" if "record" in TOY else "",
+        resources:
+            **slurm_resources(),
+        conda:
+            CONDA_ENV
+        shell:
+            "bfspo toy hash --model-dir {input.model:q} --data-dir {params.data_dir:q} --out {output:q}"
+            " {params.record} 2>&1 | tee {log:q}"
 
     if "questions" in TOY:
 

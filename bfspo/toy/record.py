@@ -1,0 +1,151 @@
+"""SHA-256 of the toy's data and model, and their comparison with a recorded set (issue 24).
+
+The toy's bytes are reproducible bit for bit only where the CPU kernels are the same: the same CPU
+type (torch's CPU capability and MKL's code path follow the instruction set), the same torch build
+and the same SFT thread count (README, "Reproducibility"). A hash file therefore says, in its
+header, what made it, and a mismatch names those of them that differ.
+
+A hash file is `sha256sum`'s format (`sha256sum -c FILE` checks it from the repository root) after
+`# key: value` header lines.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+from bfspo.errors import BfspoError
+from bfspo.io import atomic_write_text
+
+UNHASHED = frozenset({"sft.json"})  # the SFT's summary holds its wall time
+# What the model's bytes depend on beyond the code and the data; a mismatch names those that differ.
+KERNEL_KEYS = ("cpu", "cpu_capability", "torch", "sft_threads", "sft_device")
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_hashes(model_dir: str | Path, data_dir: str | Path) -> dict[str, str]:
+    """{path: SHA-256} of the data's JSONL files and every file of the model directory but sft.json;
+    paths as given (relative to the repository root in the DAG)."""
+    model_dir, data_dir = Path(model_dir), Path(data_dir)
+    for d in (model_dir, data_dir):
+        if not d.is_dir():
+            raise BfspoError(f"toy hash: no directory {d}")
+    files = sorted(data_dir.glob("*.jsonl")) + sorted(p for p in model_dir.iterdir()
+                                                      if p.is_file() and p.name not in UNHASHED)
+    if not (model_dir / "model.safetensors").is_file():
+        raise BfspoError(f"toy hash: {model_dir} has no model.safetensors")
+    return {p.as_posix(): sha256(p) for p in files}
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
+                             text=True, timeout=30)
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def build_info(model_dir: str | Path) -> dict[str, str]:
+    """What made the model: commit, date, CPU type and capability, torch, and the SFT's threads,
+    steps and device (from the model's sft.json)."""
+    import torch
+
+    sft_path = Path(model_dir) / "sft.json"
+    try:
+        sft = json.loads(sft_path.read_text())
+    except (OSError, ValueError) as e:
+        raise BfspoError(f"toy hash: cannot read {sft_path}: {e}") from None
+    cfg = sft.get("config", {})
+    return {
+        "commit": _commit(),
+        "date": datetime.date.today().isoformat(),
+        "cpu": _cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "sft_threads": str(cfg.get("threads")),
+        "sft_steps": str(cfg.get("steps")),
+        "sft_device": str(sft.get("device")),
+    }
+
+
+def format_record(info: dict[str, str], hashes: dict[str, str]) -> str:
+    head = "".join(f"# {key}: {value}\n" for key, value in info.items())
+    return head + "".join(f"{digest}  {path}\n" for path, digest in hashes.items())
+
+
+def read_record(path: str | Path) -> tuple[dict[str, str], dict[str, str]]:
+    """(header, {path: SHA-256}) of a hash file."""
+    info, hashes = {}, {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.startswith("#"):
+            key, sep, value = line[1:].partition(":")
+            if sep:
+                info[key.strip()] = value.strip()
+        elif line.strip():
+            digest, sep, name = line.partition("  ")
+            if not sep or len(digest) != 64:
+                raise BfspoError(f"{path}:{n}: expected 'SHA256  PATH', got {line!r}")
+            hashes[name] = digest
+    if not hashes:
+        raise BfspoError(f"{path}: no hashes")
+    return info, hashes
+
+
+def compare(record_path: str | Path, info: dict[str, str], hashes: dict[str, str]) -> tuple[bool, str]:
+    """(whether the built files equal the recorded ones, a message saying so and, if not, why)."""
+    rec_info, rec_hashes = read_record(record_path)
+    differ = sorted(p for p in rec_hashes.keys() | hashes.keys() if rec_hashes.get(p) != hashes.get(p))
+    made = f"recorded at commit {rec_info.get('commit', '?')} on {rec_info.get('date', '?')}"
+    if not differ:
+        return True, f"toy check: MATCH: the toy data and model equal {record_path} bit for bit ({len(hashes)} files, {made})."
+    lines = [f"toy check: MISMATCH: {len(differ)} of {len(rec_hashes.keys() | hashes.keys())} files differ "
+             f"from {record_path} ({made}):"]
+    lines += [f"  {p}" + ("" if p in hashes else " (not built)") + ("" if p in rec_hashes else " (not recorded)")
+              for p in differ]
+    kernels = [k for k in KERNEL_KEYS if rec_info.get(k) != info.get(k)]
+    if any(not Path(p).suffix == ".jsonl" for p in differ):
+        if kernels:
+            lines.append("  The model's bytes follow the CPU kernels, which differ here: "
+                         + "; ".join(f"{k} {info.get(k)} (record: {rec_info.get(k)})" for k in kernels) + ".")
+        else:
+            lines.append("  CPU type, torch and SFT threads are those of the record: the code, the data or the "
+                         "installed packages differ (or the build is not deterministic: report it).")
+        lines.append("  The tables will differ from results/recorded/ as well (README, Reproducibility).")
+    return False, "\n".join(lines)
+
+
+def write_and_check(model_dir: str | Path, data_dir: str | Path, out: str | Path,
+                    record: str | Path | None) -> str:
+    """Write the hash file `out`; compare it with `record` if given. Returns the message to print;
+    a mismatch is reported, not raised: another CPU type legitimately builds other bytes."""
+    hashes = file_hashes(model_dir, data_dir)
+    info = build_info(model_dir)
+    atomic_write_text(out, format_record(info, hashes))
+    if record is None:
+        return f"toy check: wrote {out} ({len(hashes)} files); no record to compare with (toy.record unset)."
+    if not Path(record).is_file():
+        raise BfspoError(f"toy check: no record file {record}")
+    return f"toy check: wrote {out}.\n" + compare(record, info, hashes)[1]
