@@ -1,7 +1,10 @@
 """Supervised training of the toy model: exact prompt format, loss masking, a loadable model dir."""
 
 import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -115,3 +118,27 @@ def test_build_rejects_an_unknown_size(tmp_path, rows, capsys):
     write_jsonl(train, rows[:2])
     assert main(["toy", "build", "--train", str(train), "--out-dir", str(tmp_path / "m"), "--size", "huge"]) == 2
     assert "huge" in capsys.readouterr().err
+
+
+def test_build_is_bit_reproducible_whatever_the_thread_environment_and_the_load(tmp_path, rows):
+    """Issue 24: the model's bytes depend on the SFT's thread count, so the SFT fixes its own (1). A
+    build in a process told to use 2 threads (as Snakemake's OMP_NUM_THREADS is, for a 2-thread job),
+    run while a second build loads the cores, gives the bytes of an explicit 1-thread build."""
+    train = tmp_path / "train.jsonl"
+    write_jsonl(train, rows)
+    args = ["toy", "build", "--train", str(train), "--size", "default", "--steps", "12"]
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    other = subprocess.Popen([sys.executable, "-m", "bfspo.cli", *args, "--out-dir", str(tmp_path / "a")], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert main(args + ["--out-dir", str(tmp_path / "b"), "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out, _ = other.communicate(timeout=600)
+    assert other.returncode == 0, out[-2000:]
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    losses = [json.loads((tmp_path / d / "sft.json").read_text())["losses"] for d in "ab"]
+    assert losses[0] == losses[1]

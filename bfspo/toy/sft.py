@@ -42,7 +42,9 @@ class SFTConfig:
     weight_decay: AdamW decoupled weight decay.
     grad_clip: maximum global gradient norm.
     seed: seeds the model initialisation and the batch order.
-    threads: torch CPU threads (0 = leave torch's default).
+    threads: torch CPU threads (0 = leave torch's default). The model's bytes depend on it (a matrix
+        product or a reduction splits its sums by thread), so the CPU sizes fix it at 1: the same on
+        every machine, whatever the cores, and a 2-thread SFT on shared cores runs 10x slower.
     device: `auto` (CUDA when available, else CPU), `cpu` or `cuda`. Training is float32 on either.
     """
 
@@ -59,7 +61,7 @@ class SFTConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0
-    threads: int = 2
+    threads: int = 1
     device: str = "auto"
 
 
