@@ -126,7 +126,7 @@ def test_build_is_bit_reproducible_whatever_the_thread_environment_and_the_load(
     run while a second build loads the cores, gives the bytes of an explicit 1-thread build."""
     train = tmp_path / "train.jsonl"
     write_jsonl(train, rows)
-    args = ["toy", "build", "--train", str(train), "--size", "default", "--steps", "12"]
+    args = ["toy", "build", "--train", str(train), "--size", "test", "--steps", "12"]
     env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
     other = subprocess.Popen([sys.executable, "-m", "bfspo.cli", *args, "--out-dir", str(tmp_path / "a")], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
