@@ -210,8 +210,8 @@ def test_aime_is_evaluated_with_32_samples_at_temperature_1():
 
 # ---- the toy and test configs ----------------------------------------------------------------
 
-TOY_DAG = Counter(toy_data=1, toy_model=1, train=7, evaluate=2 + 14, table=1, aes_consistency=1, figures=1, report=1,
-                  all=1)
+TOY_DAG = Counter(toy_data=1, toy_model=1, toy_check=1, train=7, evaluate=2 + 14, table=1, aes_consistency=1,
+                  figures=1, report=1, all=1)
 
 
 @pytest.mark.parametrize("configfile", [None, "config/test.yaml"])
@@ -225,8 +225,8 @@ def test_toy_dag(configfile):
 @pytest.mark.parametrize("configfile, gpus", [("config/toy-seeds.yaml", 0), ("config/toy-gpu.yaml", 1)])
 def test_seed_studies_plan_three_seeds_of_dapo_and_bfspo(configfile, gpus):
     out = dry_run("-p", "--configfile", configfile)
-    assert job_counts(out) == Counter(toy_data=1, toy_model=1, train=6, evaluate=2 + 12, table=1, aes_consistency=1,
-                                      figures=1, report=1, all=1)
+    assert job_counts(out) == Counter(toy_data=1, toy_model=1, toy_check=1, train=6, evaluate=2 + 12, table=1,
+                                      aes_consistency=1, figures=1, report=1, all=1)
     runs = {re.search(r"wildcards: run=(\S+)", t).group(1) for r, t in jobs(out) if r == "train"}
     assert runs == {f"{m}_toy_{x}_s{s}" for m in ["toy-gpu" if gpus else "toy"] for x in ("dapo", "bfspo") for s in range(3)}
     for rule, text in jobs(out):

@@ -55,8 +55,8 @@ if "toy" in config:
         log:
             "logs/toy/check.log",
         params:
-            data_dir=TOY["data_dir"],
-            record=f"--record {TOY['record']}" if "record" in TOY else "",
+            data_dir=lambda wc, input: os.path.dirname(input.data[0]),
+            record=lambda wc, input: f"--record {input.record}" if "record" in TOY else "",
         resources:
             **slurm_resources(),
         conda:
