@@ -74,7 +74,7 @@ def test_toy_hash_prints_a_mismatch_and_exits_0(built, tmp_path, capsys):
     assert main(["toy", "hash", "--model-dir", str(model), "--data-dir", str(data), "--out", str(out),
                  "--record", str(record)]) == 0
     printed = capsys.readouterr().out
-    assert "MISMATCH: 1 of 7 files" in printed and f"{data}/toy.jsonl" in printed
+    assert "MISMATCH: 1 of 7 files" in printed and f"{data}/toy.jsonl" in printed and "Only data files" in printed
     assert read_record(out)[1] == file_hashes(model, data)
 
 

@@ -117,16 +117,17 @@ def read_record(path: str | Path) -> tuple[dict[str, str], dict[str, str]]:
 def compare(record_path: str | Path, info: dict[str, str], hashes: dict[str, str]) -> tuple[bool, str]:
     """(whether the built files equal the recorded ones, a message saying so and, if not, why)."""
     rec_info, rec_hashes = read_record(record_path)
-    differ = sorted(p for p in rec_hashes.keys() | hashes.keys() if rec_hashes.get(p) != hashes.get(p))
+    paths = rec_hashes.keys() | hashes.keys()
+    differ = sorted(p for p in paths if rec_hashes.get(p) != hashes.get(p))
     made = f"recorded at commit {rec_info.get('commit', '?')} on {rec_info.get('date', '?')}"
     if not differ:
-        return True, f"toy check: MATCH: the toy data and model equal {record_path} bit for bit ({len(hashes)} files, {made})."
-    lines = [f"toy check: MISMATCH: {len(differ)} of {len(rec_hashes.keys() | hashes.keys())} files differ "
-             f"from {record_path} ({made}):"]
+        return True, (f"toy check: MATCH: the toy data and model equal {record_path} bit for bit "
+                      f"({len(hashes)} files, {made}).")
+    lines = [f"toy check: MISMATCH: {len(differ)} of {len(paths)} files differ from {record_path} ({made}):"]
     lines += [f"  {p}" + ("" if p in hashes else " (not built)") + ("" if p in rec_hashes else " (not recorded)")
               for p in differ]
     kernels = [k for k in KERNEL_KEYS if rec_info.get(k) != info.get(k)]
-    if any(not Path(p).suffix == ".jsonl" for p in differ):
+    if any(Path(p).suffix != ".jsonl" for p in differ):
         if kernels:
             lines.append("  The model's bytes follow the CPU kernels, which differ here: "
                          + "; ".join(f"{k} {info.get(k)} (record: {rec_info.get(k)})" for k in kernels) + ".")
@@ -134,6 +135,8 @@ def compare(record_path: str | Path, info: dict[str, str], hashes: dict[str, str
             lines.append("  CPU type, torch and SFT threads are those of the record: the code, the data or the "
                          "installed packages differ (or the build is not deterministic: report it).")
         lines.append("  The tables will differ from results/recorded/ as well (README, Reproducibility).")
+    else:
+        lines.append("  Only data files differ: `bfspo toy data` or the toy config's data keys changed.")
     return False, "\n".join(lines)
 
 
