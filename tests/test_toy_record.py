@@ -21,12 +21,13 @@ def built(tmp_path):
     (model / "model.safetensors").write_bytes(b"weights")
     (model / "tokenizer.json").write_text("{}")
     (model / "config.json").write_text('{"model_type": "qwen2"}')
+    (model / ".snakemake_timestamp").write_text("")
     (model / "sft.json").write_text(json.dumps({"config": {"threads": 1, "steps": 3000}, "device": "cpu",
                                                 "wall_s": 12.5}))
     return data, model
 
 
-def test_hashes_cover_data_and_model_but_not_the_sft_summary(built):
+def test_hashes_cover_data_and_model_but_not_the_sft_summary_or_hidden_files(built):
     data, model = built
     hashes = file_hashes(model, data)
     assert sorted(hashes) == sorted([f"{data}/{n}.jsonl" for n in ("rl_train", "toy", "toy_ood", "train")]

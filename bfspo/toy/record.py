@@ -34,14 +34,14 @@ def sha256(path: Path) -> str:
 
 
 def file_hashes(model_dir: str | Path, data_dir: str | Path) -> dict[str, str]:
-    """{path: SHA-256} of the data's JSONL files and every file of the model directory but sft.json;
-    paths as given (relative to the repository root in the DAG)."""
+    """{path: SHA-256} of the data's JSONL files and every file of the model directory but sft.json
+    and hidden ones (Snakemake's timestamp); paths as given (relative to the repository root in the DAG)."""
     model_dir, data_dir = Path(model_dir), Path(data_dir)
     for d in (model_dir, data_dir):
         if not d.is_dir():
             raise BfspoError(f"toy hash: no directory {d}")
-    files = sorted(data_dir.glob("*.jsonl")) + sorted(p for p in model_dir.iterdir()
-                                                      if p.is_file() and p.name not in UNHASHED)
+    files = sorted(data_dir.glob("*.jsonl")) + sorted(
+        p for p in model_dir.iterdir() if p.is_file() and p.name not in UNHASHED and not p.name.startswith("."))
     if not (model_dir / "model.safetensors").is_file():
         raise BfspoError(f"toy hash: {model_dir} has no model.safetensors")
     return {p.as_posix(): sha256(p) for p in files}
