@@ -462,6 +462,7 @@ def test_toy_studies_plan_ten_paired_seeds_of_three_arms(configfile):
 def study_at_ci_size(cfg):
     """A toy study config at CI size: the test-size toy model, 2 seeds, 2 steps, small batches."""
     cfg["toy"].update(size="test", n_train=2000, n_rl=64, n_eval=16)
+    cfg["toy"].pop("record")  # the record is the default-size model's
     if "questions" in cfg["toy"]:
         cfg["toy"]["questions"].update(n_rl=64, n_eval=16)
     cfg["seeds"] = [0, 1]
