@@ -44,7 +44,8 @@ class SFTConfig:
     seed: seeds the model initialisation and the batch order.
     threads: torch CPU threads (0 = leave torch's default). The model's bytes depend on it (a matrix
         product or a reduction splits its sums by thread), so the CPU sizes fix it at 1: the same on
-        every machine, whatever the cores, and a 2-thread SFT on shared cores runs 10x slower.
+        every machine, whatever the cores; on shared cores 2 threads also run 8-10x slower
+        (bench/RESULTS.md).
     device: `auto` (CUDA when available, else CPU), `cpu` or `cuda`. Training is float32 on either.
     """
 
