@@ -131,7 +131,13 @@ def run_folders(wandb_dir: Path) -> list[Path]:
         return []
     found = [p for p in wandb_dir.iterdir()
              if p.is_dir() and p.name.startswith(("offline-run-", "run-")) and any(p.glob("run-*.wandb"))]
-    return sorted(found, key=lambda p: (p.name.removeprefix("offline-").split("-")[1], p.name))
+    return sorted(found, key=folder_start)
+
+
+def folder_start(folder: Path) -> tuple[str, str]:
+    """Sort key, oldest first, of a run folder: its start second (in its name, run-<date_time>-<id>),
+    then its name (a later folder of the same run in the same second has a suffix after the id)."""
+    return folder.name.removeprefix("offline-").split("-")[1], folder.name
 
 
 def folder_run_id(folder: Path) -> str:

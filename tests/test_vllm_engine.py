@@ -25,11 +25,14 @@ pytestmark = [
 TEXTS = ["Tom has 3 apples.", "A shop sells 12 pens a day for 5 days. 12 * 5 = 60. So the answer is"]
 
 
-def build_model_dir(path):
+def build_model_dir(path, answering: bool = False):
     """A tiny Qwen2 with attention heads vLLM's CPU kernels support (head_dim 64) and weights
-    scaled up so that greedy answers are not one token repeated."""
+    scaled up so that greedy answers are not one token repeated. An `answering` one favours EOS and
+    the number 3 (tests/helpers/eos.py): on this module's training questions, sampled within 24
+    tokens, about half of its answers end, and one in six is 3 and right."""
     from bfspo.toy.model import new_model, save_model_dir, train_tokenizer
     from conftest import TINY_CORPUS
+    from tests.helpers.eos import favour_tokens
 
     tokenizer = train_tokenizer(TINY_CORPUS, vocab_size=320)
     model = new_model(tokenizer, hidden_size=128, layers=2, heads=2, kv_heads=1, max_positions=512, seed=0)
@@ -38,12 +41,31 @@ def build_model_dir(path):
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.3, generator=gen)
+    if answering:
+        favour_tokens(model, {tokenizer.eos_token_id: 12.0, tokenizer.convert_tokens_to_ids("3"): 12.0}, level=3.0,
+                      eos_token_id=tokenizer.eos_token_id)
     return save_model_dir(model, tokenizer, path), tokenizer
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return build_model_dir(tmp_path_factory.mktemp("vllm_model"))[0]
+
+
+@pytest.fixture(scope="module")
+def answering_model_dir(tmp_path_factory):
+    return build_model_dir(tmp_path_factory.mktemp("vllm_answering_model"), answering=True)[0]
+
+
+@pytest.fixture(scope="module")
+def train_data(tmp_path_factory):
+    """24 word problems whose answer is 3, the number the answering model favours: its groups mix
+    right and wrong answers, so training steps keep some."""
+    rows = [{"id": str(i), "question": f"Tom has {i} apples and gives {i - 3} away. How many are left?",
+             "answer": "3"} for i in range(3, 27)]
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -215,15 +237,17 @@ def metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(model_dir, train_data, tmp_path):
-    """Tolerance: over the 3 steps, the mean response length within 15% and the mean entropy within
-    10% of the transformers engine's run on the same seed (the two engines draw different random
-    numbers, so the samples differ; the policy they sample from is the same)."""
+def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(answering_model_dir, train_data,
+                                                                                  tmp_path):
+    """Tolerance: at step 1, the mean response length within 15% and the mean entropy within 10% of
+    the transformers engine's run on the same seed. The two engines draw different random numbers,
+    so the samples differ; at step 1 the policy they sample from is the same (later steps update it
+    on different samples, at this test's high learning rate)."""
     import os
 
     steps, out = 3, tmp_path / "vllm"
-    proc = subprocess.Popen([sys.executable, "-m", "bfspo.cli", *map(str, train_args(model_dir, train_data, out,
-                                                                                       "vllm", steps))],
+    args = train_args(answering_model_dir, train_data, out, "vllm", steps)
+    proc = subprocess.Popen([sys.executable, "-m", "bfspo.cli", *map(str, args)],
                             env={**os.environ, **ENV_KEYS}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.time() + 240
@@ -234,25 +258,22 @@ def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (out / "done.json").exists(), "the run finished before it could be killed"
-    resumed = cli(*train_args(model_dir, train_data, out, "vllm", steps))
+    resumed = cli(*args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming" in resumed.stdout
-    reference = cli(*train_args(model_dir, train_data, tmp_path / "transformers", "transformers", steps))
+    reference = cli(*train_args(answering_model_dir, train_data, tmp_path / "transformers", "transformers", steps))
     assert reference.returncode == 0, reference.stderr[-3000:]
     ours, ref = metrics(out), metrics(tmp_path / "transformers")
     assert [r["step"] for r in ours] == [r["step"] for r in ref] == list(range(1, steps + 1))
 
-    def mean(rows, key):
-        return sum(r[key] for r in rows) / len(rows)
-
-    assert mean(ours, "rollout/len_mean") == pytest.approx(mean(ref, "rollout/len_mean"), rel=0.15)
-    assert mean(ours, "rollout/entropy_mean") == pytest.approx(mean(ref, "rollout/entropy_mean"), rel=0.10)
-    assert mean(ours, "rollout/accuracy") == pytest.approx(mean(ref, "rollout/accuracy"), abs=0.25)
+    assert ours[0]["rollout/len_mean"] == pytest.approx(ref[0]["rollout/len_mean"], rel=0.15)
+    assert ours[0]["rollout/entropy_mean"] == pytest.approx(ref[0]["rollout/entropy_mean"], rel=0.10)
+    assert ours[0]["rollout/accuracy"] == pytest.approx(ref[0]["rollout/accuracy"], abs=0.25)
     rescored = [r for r in ours if "rollout/logprob_gap_max" in r]  # the steps with an update
     assert rescored and all(r["rollout/logprob_gap_max"] < 1e-3 and r["timing/rescore_s"] > 0 for r in rescored)
 
 
-def test_two_ranks_each_train_with_their_own_engine(model_dir, train_data, tmp_path):
+def test_two_ranks_each_train_with_their_own_engine(answering_model_dir, train_data, tmp_path):
     """Data parallelism as the train rule launches it: torchrun, 2 ranks (gloo), one vLLM engine per
     rank through vLLM's external_launcher backend; both ranks' shares fill the batch."""
     import os
@@ -261,7 +282,7 @@ def test_two_ranks_each_train_with_their_own_engine(model_dir, train_data, tmp_p
 
     out = tmp_path / "ddp"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                           "-m", "bfspo.cli", *map(str, train_args(model_dir, train_data, out, "vllm", 2))],
+                           "-m", "bfspo.cli", *map(str, train_args(answering_model_dir, train_data, out, "vllm", 2))],
                           env={**os.environ, **ENV_KEYS}, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(torch.load(out / "checkpoint" / "state.pt", weights_only=False)["cursors"]) == 2

@@ -50,11 +50,12 @@ class Run:
 
 
 def offline_runs(results: Path) -> list[Path]:
-    """Every offline run folder (one holding its run-<id>.wandb file) under results, oldest first."""
+    """Every offline run folder (one holding its run-<id>.wandb file) under results, oldest first
+    (folders started in the same second: by path)."""
     if not results.is_dir():
         raise BfspoError(f"{results}: no such results folder")
     runs = [p for p in results.rglob("offline-run-*") if p.is_dir() and any(p.glob("run-*.wandb"))]
-    return sorted(runs, key=lambda p: (p.name.split("-")[2], str(p)))
+    return sorted(runs, key=lambda p: (tracking.folder_start(p)[0], str(p)))
 
 
 def rehearsal_roots(results: Path) -> list[Path]:
