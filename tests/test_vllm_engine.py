@@ -48,7 +48,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def setup(model_dir, tmp_path_factory):
-    """A LoRA policy on the model, on the training side's device, and one vLLM engine for the module."""
+    """A LoRA policy on the model, on the training side's device, and one vLLM engine for the module
+    (with per-request seeds, also on CUDA where they are not the default: the tests reproduce samples)."""
     from peft import LoraConfig, get_peft_model
 
     from bfspo.model_io import load_model
@@ -58,6 +59,7 @@ def setup(model_dir, tmp_path_factory):
     policy = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
                                              init_lora_weights=False)).eval()
     engine = make_engine("vllm", policy, tokenizer, micro_batch_tokens=4096, max_model_len=512, sleep_mode=True,
+                         per_request_seeds=True,
                          work_dir=str(tmp_path_factory.mktemp("vllm_lora"))).engine  # bare: what vLLM returns
     contexts = [tokenizer(t)["input_ids"] for t in TEXTS]
     return engine, policy, tokenizer, contexts
