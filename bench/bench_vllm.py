@@ -129,7 +129,7 @@ def main() -> None:
     rows = []
     for i, n in enumerate(args.concurrency):
         seconds, tokens = decode_rate(llm, lora, n, args, offset=1 + i, seeded=False)
-        rows.append([f"decode, engine seed", n, tokens, seconds, tokens / seconds])
+        rows.append(["decode, engine seed", n, tokens, seconds, tokens / seconds])
     n = max(args.concurrency)
     seconds, tokens = decode_rate(llm, lora, n, args, offset=100, seeded=True)
     rows.append(["decode, per-request seeds", n, tokens, seconds, tokens / seconds])
