@@ -97,7 +97,7 @@ step "benchmarks at shape $BENCH_SHAPE"
 # Only where vLLM's CUDA build is importable and a GPU is visible; skipped otherwise (CPU, or a GPU
 # machine without `pip install '.[vllm]'`). About 3 minutes at the 0.5b shape on an H100 (estimate).
 VLLM_ARGS=${VLLM_ARGS:-}          # extra arguments of bench_vllm (e.g. --concurrency 64 512 1024)
-if "$PYTHON" -c "import torch, vllm; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+if "$PYTHON" -c "import torch; assert torch.cuda.is_available(); import vllm" >/dev/null 2>&1; then
   step "vLLM at shape $BENCH_SHAPE: concurrency, seeds, sleep/wake"
   # shellcheck disable=SC2086
   "$PYTHON" -m bench.bench_vllm --shape "$BENCH_SHAPE" $VLLM_ARGS 2>&3 | tee "$OUT/vllm.txt"
