@@ -19,7 +19,9 @@ from bfspo.rollout.hf_engine import TransformersEngine
 
 class RecordingEngine:
     """A RolloutEngine that samples with the transformers engine, logs every protocol call in `calls`
-    (shared with the test), refuses work while asleep, and keeps the LoRA weights of each sync."""
+    (shared with the test), refuses work while asleep, and keeps the LoRA weights of each sync. Its
+    samples count as finished (ended with EOS), so that the test's verifier alone decides which are
+    correct (the random tiny model seldom stops by itself)."""
 
     def __init__(self, calls: list, model, tokenizer, **options):
         self.calls, self.options, self.asleep = calls, options, False
@@ -29,7 +31,11 @@ class RecordingEngine:
     def generate(self, contexts, n, max_new_tokens, **kw):
         assert not self.asleep, "generate on a sleeping engine"
         self.calls.append("generate")
-        return self.inner.generate(contexts, n, max_new_tokens, **kw)
+        out = self.inner.generate(contexts, n, max_new_tokens, **kw)
+        for group in out:
+            for c in group:
+                c.finished = True
+        return out
 
     def sync_weights(self, model) -> None:
         assert not self.asleep, "sync_weights on a sleeping engine"
@@ -79,7 +85,7 @@ def test_the_trainer_sleeps_the_engine_around_each_update_and_syncs_after_waking
     assert engine.options["sleep_mode"] is True and engine.options["per_request_seeds"] is None
 
     flip = iter(range(10**6))
-    monkeypatch.setattr(trainer, "scorer", lambda q: lambda ids: next(flip) % 2 == 0)  # every tree has signal
+    monkeypatch.setattr(trainer, "scorer", lambda q: lambda ids: next(flip) % 2 == 0)  # every group has signal
     update = trainer.update
     monkeypatch.setattr(trainer, "update", lambda batch: (calls.append("update"), update(batch))[1])
     trainer.fit()

@@ -2,15 +2,14 @@
 tests/test_rank_agreement.py).
 
 usage: python rank_rounds.py MODEL TRAIN_DATA OUT_DIR
-Rank 0 scores every other answer correct (its trees keep their signal and fill its share in one
-round); rank 1 scores every answer wrong (its trees are all dropped, round after round). Each rank
-writes OUT_DIR/rank{r}.json: the generation rounds it ran, the rounds in which it generated, and
-its process group's collective timeout in minutes.
+The dynamic-sampling filter keeps every tree on rank 0 (its share is full after one round) and
+none on rank 1 (its trees are all dropped, round after round). Each rank writes
+OUT_DIR/rank{r}.json: the generation rounds it ran, the rounds in which it generated, and its
+process group's collective timeout in minutes.
 """
 
 import json
 import sys
-from itertools import count
 from pathlib import Path
 
 import torch
@@ -23,19 +22,16 @@ model, data, out = sys.argv[1:4]
 cfg = TrainConfig(model=model, train_data=data, k=0, group_size=4, budget=8, train_batch=16, mini_batch=8,
                   max_gen_rounds=3, oversample=1.0, collective_timeout_min=7, threads=1)
 trainer = Trainer(cfg, Path(out))
-flip = count()
-trainer.scorer = lambda q: (lambda ids: next(flip) % 2 == 0) if trainer.rank == 0 else (lambda ids: False)
-
 generated_in, filled = [], []
 fill = batching.fill
 
 
-def recorded_fill(generate, *args, **kw):
+def recorded_fill(generate, keep, *args, **kw):
     def recorded_generate(n, round_):
         generated_in.append(round_)
         return generate(n, round_)
 
-    filled.append(fill(recorded_generate, *args, **kw))
+    filled.append(fill(recorded_generate, lambda tree: trainer.rank == 0, *args, **kw))
     return filled[-1]
 
 
