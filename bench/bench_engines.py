@@ -45,8 +45,9 @@ def rollout_rate(engine_name: str, args) -> tuple[float, float, int]:
     benchmark = get_benchmark("toy")
     rows = [row for _, row in read_jsonl(args.data)][:args.prompts]
     contexts = [prompt_ids(tokenizer, benchmark, row["question"]) for row in rows]
-    kw = {"max_model_len": 512} if engine_name == "vllm" else {}
-    engine = make_engine(engine_name, policy, tokenizer, batch_size=args.prompts * args.group, **kw)
+    sequences = args.prompts * args.group
+    kw = {"max_model_len": 512, "max_num_seqs": sequences} if engine_name == "vllm" else {"batch_size": sequences}
+    engine = make_engine(engine_name, policy, tokenizer, **kw)
     engine.generate(contexts, args.group, args.budget, seed=0)
     times, tokens = [], 0
     for seed in range(1, args.repeats + 1):

@@ -3,9 +3,11 @@
 # CUDA GPU for a few minutes:
 #   1. the toy task and the larger toy model (`--size gpu`, SFT on CUDA);
 #   2. one DAPO and one BFS-PO (K=3) `bfspo train` in bf16 on it, then their evaluations;
-#   3. bench/bench_packing.py and bench/bench_rollout.py at the Qwen2.5-0.5B shape.
+#   3. bench/bench_packing.py and bench/bench_rollout.py at the Qwen2.5-0.5B shape;
+#   4. bench/bench_vllm.py at that shape, where vLLM's CUDA build is installed.
 # Everything it reports goes to OUT (at most 6 files): env.txt, summary.md (eval summaries and
-# per-step training figures, the numbers for bench/RESULTS.md), packing.txt, rollout.txt, log.txt.
+# per-step training figures, the numbers for bench/RESULTS.md), packing.txt, rollout.txt, vllm.txt,
+# log.txt.
 #
 #   bash bench/gpu_session.sh OUT            # from the repository root
 #
@@ -88,4 +90,19 @@ step "benchmarks at shape $BENCH_SHAPE"
 "$PYTHON" -m bench.bench_packing --shape "$BENCH_SHAPE" $PACKING_ARGS | tee "$OUT/packing.txt"
 # shellcheck disable=SC2086
 "$PYTHON" -m bench.bench_rollout --shape "$BENCH_SHAPE" $ROLLOUT_ARGS | tee "$OUT/rollout.txt"
+
+# --- vLLM step (issue 21, vllmgpu; kept apart from the steps above) -------------------------------
+# vLLM decode tokens/s at 64 and 512 concurrent sequences, per-request seeds at 512, and the time of
+# sleep(level=1) / wake_up() with the GPU memory they free (bench/bench_vllm.py), into vllm.txt.
+# Only where vLLM's CUDA build is importable and a GPU is visible; skipped otherwise (CPU, or a GPU
+# machine without `pip install '.[vllm]'`). About 3 minutes at the 0.5b shape on an H100 (estimate).
+VLLM_ARGS=${VLLM_ARGS:-}          # extra arguments of bench_vllm (e.g. --concurrency 64 512 1024)
+if "$PYTHON" -c "import torch; assert torch.cuda.is_available(); import vllm" >/dev/null 2>&1; then
+  step "vLLM at shape $BENCH_SHAPE: concurrency, seeds, sleep/wake"
+  # shellcheck disable=SC2086
+  "$PYTHON" -m bench.bench_vllm --shape "$BENCH_SHAPE" $VLLM_ARGS 2>&3 | tee "$OUT/vllm.txt"
+else
+  step "vLLM step skipped: no CUDA GPU with vllm installed"
+fi
+# --- end of the vLLM step ----------------------------------------------------------------------
 step "done"

@@ -89,6 +89,9 @@ def test_overrides_are_yaml_scalars(tmp_path):
     (["model=null", "train_data=d"], "model must be a non-empty string, got None"),
     (["model=m", "train_data=d", "lora_target_modules=[]"], "lora_target_modules must be a non-empty list"),
     (["model=m", "train_data=d", "k=[1"], "k=[1': the value is not valid YAML"),
+    (["model=m", "train_data=d", "per_request_seeds=1"], "per_request_seeds must be true, false or null, got 1"),
+    (["model=m", "train_data=d", "max_num_seqs=0"], "max_num_seqs must be a positive integer"),
+    (["model=m", "train_data=d", "collective_timeout_min=0"], "collective_timeout_min must be a positive integer"),
 ])
 def test_bad_config_names_the_problem(overrides, message):
     with pytest.raises(BfspoError, match=re.escape(message)):

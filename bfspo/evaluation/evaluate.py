@@ -40,7 +40,7 @@ import pandas as pd
 
 from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.rollout import make_engine
-from bfspo.rollout.base import Completion, RolloutEngine
+from bfspo.rollout.base import Completion, RolloutEngine, needed_model_len
 from bfspo import console, runlock
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl, write_json, write_jsonl
@@ -66,6 +66,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's); 1 where jobs share cores")
     parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="vLLM on a GPU: the fraction of its memory vLLM may take (an evaluation has the GPU "
+                             "to itself)")
+    parser.add_argument("--max-num-seqs", type=int, default=1024,
+                        help="vLLM: most sequences decoded at once (a --batch-size call is scheduled by vLLM)")
+    parser.add_argument("--per-request-seeds", type=parse_bool, metavar="{true,false}",
+                        help="vLLM: seed every request (reproducible batches; slower on GPUs) or seed the engine "
+                             "once with --seed (default: true on CPU, false on CUDA)")
     parser.add_argument("--meta", nargs="*", default=[], metavar="KEY=VALUE",
                         help="labels copied into summary.json (e.g. method=bfspo k=3)")
     parser.add_argument("--wandb-project", help="also log the summary to this W&B project (job_type eval)")
@@ -77,6 +85,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="W&B tags added to those of --meta's tables (comma-separated), method, model_label and seed")
     parser.add_argument("--wandb-samples", type=int, default=20,
                         help="responses logged to W&B as a table of samples")
+
+
+def parse_bool(text: str) -> bool:
+    """`true` or `false` (any case), as YAML writes them; anything else is an argparse error."""
+    value = {"true": True, "false": False}.get(text.strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
 
 
 def parse_meta(items: list[str]) -> dict[str, str]:
@@ -168,21 +184,18 @@ def summarize(samples: list[dict], n_questions: int, seed: int = 0) -> dict:
             "verify_timeouts": sum(bool(s.get("verify_timeout")) for s in samples)}
 
 
-def build_engine(args) -> tuple[RolloutEngine, object, int | None]:
-    """(engine, tokenizer, the model's max positions) for --engine."""
+def build_engine(args, tokenizer, max_model_len: int) -> RolloutEngine:
+    """The --engine engine; vLLM's holds sequences of `max_model_len` tokens (the longest prompt plus the
+    budget: bfspo.rollout.base.needed_model_len), so that its KV cache is sized for what is asked."""
     if args.engine == "vllm":
-        config = load_config(args.model)
         if args.adapter is not None:
             check_adapter(args.adapter, args.model)
-        tokenizer = load_tokenizer(args.model)
         check_weights(args.model)
-        engine = make_engine("vllm", None, tokenizer, model_path=args.model, adapter=args.adapter,
-                             batch_size=args.batch_size, seed=args.seed)
-    else:
-        model, tokenizer = load_model(args.model, args.adapter)
-        config = model.config
-        engine = make_engine("transformers", model, tokenizer, batch_size=args.batch_size)
-    return engine, tokenizer, getattr(config, "max_position_embeddings", None)
+        return make_engine("vllm", None, tokenizer, model_path=args.model, adapter=args.adapter,
+                           max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
+                           max_model_len=max_model_len, seed=args.seed, per_request_seeds=args.per_request_seeds)
+    model, _ = load_model(args.model, args.adapter)
+    return make_engine("transformers", model, tokenizer, batch_size=args.batch_size)
 
 
 def log_to_wandb(summary: dict, samples: list[dict], args) -> None:
@@ -300,9 +313,10 @@ def evaluate(args) -> int:
 
         torch.set_num_threads(args.threads)
 
-    engine, tokenizer, max_positions = build_engine(args)
+    tokenizer = load_tokenizer(args.model)
     prompts = [prompt_ids(tokenizer, benchmark, str(row["question"])) for row in rows]
-    check_lengths(rows, prompts, budget, max_positions)
+    check_lengths(rows, prompts, budget, getattr(load_config(args.model), "max_position_embeddings", None))
+    engine = build_engine(args, tokenizer, needed_model_len([len(p) for p in prompts], budget))
     batches = question_batches(prompts, max(1, args.batch_size // samples))
     set_aside(args.out_dir, settings, meta)
     batch_ids = [[rows[i]["id"] for i in batch] for batch in batches]

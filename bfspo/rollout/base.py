@@ -32,6 +32,20 @@ class RolloutEngine(Protocol):
     def sync_weights(self, model) -> None:
         """Make the engine sample from `model`'s current weights."""
 
+    def sleep(self) -> None:
+        """Give up the engine's accelerator memory while the trainer updates the model (a no-op for an
+        engine that holds none of its own). No generate or sync_weights until `wake_up`."""
+
+    def wake_up(self) -> None:
+        """Take back what `sleep` gave up. The trainer's order around an update is
+        sleep -> update -> wake_up -> sync_weights -> generate."""
+
+
+def needed_model_len(prompt_lengths: Sequence[int], budget: int) -> int:
+    """The longest sequence an engine must hold: the longest prompt plus the generation budget (a
+    search tree's contexts are a prompt plus a prefix, and the prefix comes out of the budget)."""
+    return max(prompt_lengths) + budget
+
 
 def per_context_budgets(max_new_tokens: Sequence[int] | int, n_contexts: int) -> list[int]:
     """One generation budget per context from an int or a per-context sequence."""

@@ -84,6 +84,12 @@ class TransformersEngine:
         """Nothing to copy: the engine samples from the very model object that is trained."""
         self.model = model
 
+    def sleep(self) -> None:
+        """Nothing to free: the engine's only memory is the trained model's."""
+
+    def wake_up(self) -> None:
+        """Nothing to take back (see `sleep`)."""
+
     def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None):
         check_sampling_args(contexts, n, temperature, top_p)
         budgets = per_context_budgets(max_new_tokens, len(contexts))

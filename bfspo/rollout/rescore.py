@@ -50,6 +50,12 @@ class RescoredEngine:
         self.model = model
         self.engine.sync_weights(model)
 
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
     def generate(self, contexts, n, max_new_tokens, **kw):
         out = self.engine.generate(contexts, n, max_new_tokens, **kw)
         t0 = time.perf_counter()

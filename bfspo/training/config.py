@@ -31,7 +31,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # config's table, which names another W&B group).
 OBSERVATION_FIELDS = frozenset({"threads", "save_every", "log_trees", "wandb_project", "wandb_group", "wandb_mode",
                                 "wandb_tags", "run_name", "method_key", "model_label", "tables", "val_every",
-                                "val_data", "val_benchmark", "val_questions",
+                                "val_data", "val_benchmark", "val_questions", "collective_timeout_min",
                                 "micro_batch_tokens"})  # memory only: a run resumes with a smaller one after an OOM
 
 
@@ -129,10 +129,23 @@ class TrainConfig:
 
     # --- systems ----------------------------------------------------------------------------------
     engine: str = field(default="transformers", metadata={"help": "Rollout engine: 'transformers' or 'vllm'."})
-    rollout_batch_size: int = field(default=64, metadata={"help": "Most sequences the engine decodes at once."})
+    rollout_batch_size: int = field(default=64, metadata={
+        "help": "Most sequences the transformers engine decodes at once (vLLM's limit is max_num_seqs)."})
+    max_num_seqs: int = field(default=512, metadata={
+        "help": "vLLM: most sequences decoded at once (its scheduler's max_num_seqs; every request of a "
+                "generation round is handed to vLLM together, and the KV cache may hold fewer)."})
+    per_request_seeds: bool | None = field(default=None, metadata={
+        "help": "vLLM: true seeds every request (reproducible on CPU; on GPUs vLLM then samples seeded requests "
+                "one at a time); false seeds the engine once (LLM(seed=...)); null: true on CPU, false on CUDA "
+                "(docs/algorithm.md, 'Seeds and reproducibility')."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallelism (7-8B models)."})
     gpu_memory_utilization: float = field(default=0.4, metadata={
-        "help": "Fraction of GPU memory vLLM may take (it shares the GPU with training)."})
+        "help": "Fraction of GPU memory vLLM may take while it generates (it shares the GPU with training; on "
+                "CUDA it sleeps, its memory freed, during each update)."})
+    collective_timeout_min: int = field(default=120, metadata={
+        "help": "Minutes a rank waits in a collective (torch.distributed's timeout, NCCL's watchdog) before the "
+                "run fails. Ranks wait for each other once per generation round and per mini-batch, so this "
+                "must exceed the longest generation round (PyTorch's default is 10 minutes under NCCL)."})
     micro_batch_tokens: int = field(default=16384, metadata={
         "help": "Most tokens (prompts, tree tokens and the ancestors of a split tree's piece) in one forward pass "
                 "of the update and of the training-side rescoring: a mini-batch's gradient is accumulated over "
@@ -193,13 +206,15 @@ class TrainConfig:
                 raise BfspoError(f"config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
         positive = ["group_size", "budget", "steps", "train_batch", "mini_batch", "max_gen_rounds",
                     "max_empty_steps", "lora_r", "lora_alpha", "rollout_batch_size", "tensor_parallel_size", "save_every",
-                    "val_questions", "micro_batch_tokens"]
+                    "val_questions", "micro_batch_tokens", "max_num_seqs", "collective_timeout_min"]
         for name in positive:
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise BfspoError(f"config: {name} must be a positive integer, got {getattr(self, name)!r}")
         for name in ("k", "limit", "threads", "seed", "max_nonfinite", "val_every"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise BfspoError(f"config: {name} must be an integer >= 0, got {getattr(self, name)!r}")
+        if not (self.per_request_seeds is None or isinstance(self.per_request_seeds, bool)):
+            raise BfspoError(f"config: per_request_seeds must be true, false or null, got {self.per_request_seeds!r}")
         for name, (ok, bounds) in _NUMBER_BOUNDS.items():
             value = getattr(self, name)
             if not _is_number(value) or not ok(value):

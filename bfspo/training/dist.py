@@ -6,24 +6,31 @@ rank divides its token sum by the global token count and the gradients are SUMME
 the update then equals one process training on the whole global batch. Gradients are all-reduced
 by hand, one flat buffer per step, rather than through the DDP wrapper: a rank may hold an empty
 mini-batch (its trees are whole and of uneven size), and the wrapper's hooks cannot express that.
+
+Ranks wait for each other in collectives: once per generation round (`any_rank`, so that all run
+the same rounds), per mini-batch, and around logging and checkpoints. The longest wait is one
+generation round, tens of minutes at the paper's sizes, hence a collective timeout in hours
+(`setup`'s `timeout_min`, TrainConfig.collective_timeout_min) instead of NCCL's 10 minutes.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 
-def setup() -> tuple[int, int]:
-    """(rank, world size); initialises the process group when launched by torchrun."""
+def setup(timeout_min: int) -> tuple[int, int]:
+    """(rank, world size); initialises the process group when launched by torchrun, with a collective
+    timeout of `timeout_min` minutes (a rank that waits longer in a collective fails the run)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timedelta(minutes=timeout_min))
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
@@ -45,6 +52,11 @@ def sum_scalar(x: float) -> float:
         t = t.cuda()
     dist.all_reduce(t)
     return float(t.item())
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` is true on any rank (every rank gets the same answer)."""
+    return sum_scalar(bool(flag)) > 0
 
 
 def sum_gradients(params: list[torch.nn.Parameter]) -> None:

@@ -46,6 +46,7 @@ from bfspo.algorithm.packing import n_entries
 from bfspo.rollout.rescore import RescoredEngine
 from bfspo.training.accumulate import minibatch_backward
 from bfspo.algorithm.search import build_trees
+from bfspo.rollout.base import needed_model_len
 from bfspo.training.batching import minibatch_plan
 from bfspo.training.nonfinite import step_if_finite
 
@@ -128,7 +129,7 @@ class Trainer:
         from bfspo.model_io import default_device, load_model
 
         self.cfg, self.run_dir = cfg, run_dir
-        self.rank, self.world = dist.setup()
+        self.rank, self.world = dist.setup(cfg.collective_timeout_min)
         self.rank_chains = cfg.rank_chains(self.world)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -155,10 +156,11 @@ class Trainer:
         self.val_questions = load_questions(cfg, self.tokenizer, max_positions, "val") if cfg.val_every else []
         if cfg.engine == "vllm":  # make_engine rescores vLLM's rollouts on the training side (RescoredEngine)
             self.engine = make_engine(
-                "vllm", self.model, self.tokenizer, model_path=cfg.model, batch_size=cfg.rollout_batch_size,
+                "vllm", self.model, self.tokenizer, model_path=cfg.model, max_num_seqs=cfg.max_num_seqs,
                 tensor_parallel_size=cfg.tensor_parallel_size, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                max_model_len=getattr(base.config, "max_position_embeddings", None),
-                micro_batch_tokens=cfg.micro_batch_tokens)
+                max_model_len=needed_model_len([len(q.prompt_ids) for q in self.questions], cfg.budget),
+                seed=int(np.random.SeedSequence([cfg.seed, self.rank]).generate_state(1)[0]),
+                per_request_seeds=cfg.per_request_seeds, sleep_mode=True, micro_batch_tokens=cfg.micro_batch_tokens)
         else:
             self.engine = make_engine("transformers", self.model, self.tokenizer, batch_size=cfg.rollout_batch_size)
         self.step, self.nonfinite, self.empty_steps, self.tokens_seen = 0, 0, 0, 0
@@ -209,7 +211,7 @@ class Trainer:
             return trees
 
         filled = batching.fill(generate, keep_tree, target, cfg.chains_per_question, cfg.oversample,
-                               cfg.max_gen_rounds)
+                               cfg.max_gen_rounds, agree=dist.any_rank)
         batch = batching.select(filled.kept, target)
         mine = batching.batch_stats(filled, batch, target)
         stats = step_metrics.rollout_stats(filled.generated, batch)
@@ -264,7 +266,6 @@ class Trainer:
             losses.append(total)
             norms.append(float(norm))
         self.model.eval()
-        self.engine.sync_weights(self.model)
         gaps = dist.gather(gap or (0.0, 0.0, 0))
         count = sum(g[2] for g in gaps)
         mean = lambda key: float(np.mean([s[key] for s in stats])) if stats else float("nan")  # noqa: E731
@@ -312,8 +313,14 @@ class Trainer:
         dist.barrier()
 
     def fit(self) -> None:
-        """Train to `cfg.steps`. SIGTERM (Slurm's time limit, scancel) ends the run after the current
-        step with a checkpoint of it, and exit status 143; a second SIGTERM kills at once."""
+        """Train to `cfg.steps`. SIGTERM (Slurm's time limit, scancel) or SIGUSR1 (Slurm's warning before
+        the time limit, `--signal=USR1@<seconds>`) ends the run after the current step with a
+        checkpoint of it, and exit status 143 (128 + SIGTERM, for both), which the workflow's retries
+        resume from; a second SIGTERM kills at once.
+
+        Around each update the engine sleeps (vLLM on CUDA frees its GPU memory for the update) and
+        wakes, and only then gets the new weights: sleep -> update -> wake_up -> sync_weights, and the
+        next step's rollout generates from them."""
         from bfspo import tracking
 
         cfg = self.cfg
@@ -330,11 +337,12 @@ class Trainer:
         row = None
         terminated = []
 
-        def on_sigterm(signum, frame):
+        def on_stop_signal(signum, frame):
             terminated.append(signum)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if signum == signal.SIGTERM:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
+        previous = {s: signal.signal(s, on_stop_signal) for s in (signal.SIGTERM, signal.SIGUSR1)}
         while self.step < cfg.steps:
             self.step += 1
             t0 = time.perf_counter()
@@ -349,7 +357,10 @@ class Trainer:
                 upd = {"loss": float("nan"), "optimizer_steps": 0, "nonfinite": self.nonfinite}
             else:
                 self.empty_steps = 0
+                self.engine.sleep()
                 upd = self.update(batch)
+                self.engine.wake_up()
+                self.engine.sync_weights(self.model)
             t2 = time.perf_counter()
             val = self.validate() if self.validation_due() else {}
             row = self.log_step(roll, upd | val, generated, t1 - t0, t2 - t1, time.perf_counter() - t2, run)
@@ -360,10 +371,12 @@ class Trainer:
             if self.rank == 0:
                 console.line(step_metrics.step_line(row, cfg.steps))
             if stop:
-                console.line(f"SIGTERM: stopped after step {self.step}, checkpoint saved; "
+                cause = signal.Signals(terminated[0]).name if terminated else "a stop signal to another rank"
+                console.line(f"{cause}: stopped after step {self.step}, checkpoint saved; "
                              "the same command resumes the run")
                 raise SystemExit(128 + signal.SIGTERM)
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         bar.close()
         if self.rank == 0:
             self.finish()
@@ -487,7 +500,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.config, args.set)
     run_dir = Path(args.output_dir)
-    rank, _ = dist.setup()
+    rank, _ = dist.setup(cfg.collective_timeout_min)
     with runlock.hold(run_dir, "train") if rank == 0 else contextlib.nullcontext():
         fresh = prepare_run_dir(cfg, run_dir) if rank == 0 else True
         if not dist.gather(fresh)[0]:

@@ -450,7 +450,8 @@ def eval_args(wildcards):
     b = config["benchmarks"][bench]
     args = ["--model", config["models"][model]["path"], "--benchmark", bench, "--data", b["data"], "--budget", b["budget"]]
     args += [x for key in ("samples", "temperature") if key in b for x in (f"--{key}", b[key])]
-    args += [x for key in ("engine", "batch_size", "limit") if key in EVALUATION for x in (f"--{key.replace('_', '-')}", EVALUATION[key])]
+    args += [x for key in ("engine", "batch_size", "limit", "gpu_memory_utilization", "max_num_seqs", "per_request_seeds")
+             if key in EVALUATION for x in (f"--{key.replace('_', '-')}", EVALUATION[key])]
     args += ["--seed", EVALUATION.get("seed", 0)]
     meta = dict(run=run, model=model, model_label=config["models"][model]["label"], method=ZERO_SHOT,
                 tables=",".join(tables_of(run)))
