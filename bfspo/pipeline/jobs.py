@@ -39,18 +39,38 @@ def threads(m: Matrix, run: str, stage: str) -> int:
     return res.get("cpus", 1) * (ranks(m, run) if stage == "train" else 1)
 
 
-def train_launcher(m: Matrix, run: str) -> str:
-    """The command that starts `bfspo train`: the plain entry point for one process; torchrun with
-    one rank per GPU on one node; srun + torchrun's c10d rendezvous across several nodes."""
+SLURM_SIGNAL = "USR1"  # the trainer finishes its step, checkpoints and exits on it (bfspo/training/trainer.py)
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"  # torchrun's defaults, plus Slurm's warning
+
+
+def train_launcher(m: Matrix, run: str, plan=None) -> str:
+    """The command that starts `bfspo train` (the rule appends `train ...`).
+
+    A CPU class: the plain entry point, or torchrun with `ranks` gloo ranks.
+
+    A GPU class: torchrun with one rank per GPU (per tensor-parallel group) on each node, or the
+    plain entry point for one rank, inside one Slurm job step that this command starts itself:
+    `srun` with one task per node (the job asks the Slurm plugin for no step of its own, see
+    `job_resources`), so that the step holds our processes only and Slurm's warning signal reaches
+    them and nothing else. Outside Slurm (no SLURM_JOB_ID) the srun prefix expands to nothing. Across
+    nodes torchrun meets at a c10d rendezvous on the job's first node. torchrun forwards the warning
+    to its ranks and waits `plan.signal_s` for them to checkpoint.
+    """
     n_ranks, n_nodes = ranks(m, run), nodes(m, run, "train")
+    if not gpus(m, run, "train"):
+        return "bfspo" if n_ranks == 1 else f"torchrun --nproc-per-node {n_ranks} --standalone -m bfspo.cli"
+    srun = (f"${{SLURM_JOB_ID:+srun --nodes {n_nodes} --ntasks-per-node 1 --cpus-per-task {threads(m, run, 'train')}"
+            f" --kill-on-bad-exit=1}}")
     if n_ranks * n_nodes == 1:
-        return "bfspo"
-    torchrun = f"torchrun --nproc-per-node {n_ranks}"
+        return f"{srun} bfspo"
+    torchrun = f"torchrun --nproc-per-node {n_ranks} --signals-to-handle {TORCHRUN_SIGNALS}"
+    if plan is not None:
+        torchrun += f" --shutdown-timeout {plan.signal_s}"
     if n_nodes == 1:
-        return f"{torchrun} --standalone -m bfspo.cli"
+        return f"{srun} {torchrun} --standalone -m bfspo.cli"
     head = "$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"
-    return (f"srun --nodes {n_nodes} --ntasks-per-node 1 {torchrun} --nnodes {n_nodes} --rdzv-backend c10d "
-            f"--rdzv-endpoint {head}:29500 --rdzv-id \"$SLURM_JOB_ID\" -m bfspo.cli")
+    return (f"{srun} {torchrun} --nnodes {n_nodes} --rdzv-backend c10d --rdzv-endpoint {head}:29500"
+            f" --rdzv-id \"$SLURM_JOB_ID\" -m bfspo.cli")
 
 
 def partition(m: Matrix, gpu_job: bool) -> str | None:
@@ -73,21 +93,42 @@ def slurm_resources(m: Matrix, gpu_job: bool) -> dict:
 
 
 def resource_names(m: Matrix) -> list[str]:
-    """The names of the resources that every train and evaluate job of this config sets."""
-    return ["gpu", "nodes", "tasks_per_gpu", "cpus_per_gpu", "mem_mb", "runtime", *slurm_resources(m, True)]
+    """The names of the resources a train or evaluate job may set (`job_resources`; a job leaves
+    out those that do not apply to it)."""
+    return ["gpu", "gres", "nodes", "tasks_per_gpu", "cpus_per_gpu", "mem_mb", "runtime", "mpi", "tasks",
+            "slurm_extra", *slurm_resources(m, True)]
 
 
-def job_resources(m: Matrix, run: str, stage: str) -> dict:
-    """Resources of a train or evaluate job, scaled by its model's size class (a CPU class has gpus 0)."""
+def job_resources(m: Matrix, run: str, stage: str, plan=None) -> dict:
+    """Resources of a train or evaluate job, from its model's size class (a CPU class has gpus 0)
+    and its GPU plan, if it has one (bfspo/pipeline/gpu_plan.py); None: not set.
+
+    - `runtime`: the plan's time limit (`plan.runtime_min`), else the class's `<stage>_runtime`;
+    - a GPU training job takes snakemake-executor-plugin-slurm's MPI path: with the `mpi`
+      resource the plugin starts no `srun` of its own inside the job (its step would hold the
+      job's Snakemake process, which Slurm's warning signal would kill), and the rule's launcher
+      starts the one step (`train_launcher`). The plugin asks for at least 2 tasks there (`tasks`;
+      our step runs one per node);
+    - `slurm_extra`: `--signal=USR1@<plan.signal_s>` for a planned training job: Slurm signals
+      every job step (not the batch shell, hence no `B:`) that long before the time limit;
+    - GPUs: `gpu` (sbatch `--gpus`, which counts the whole job's GPUs) on one node; across nodes
+      `gres: gpu:<gpus>`, which counts GPUs per node, so that every node gets its ranks' GPUs.
+    """
     n = gpus(m, run, stage)
     res = m.size_class(run)
+    n_nodes = nodes(m, run, stage)
+    srun_step = stage == "train" and n > 0
     return dict(
-        gpu=n,
-        nodes=nodes(m, run, stage),
-        tasks_per_gpu=0,  # one Slurm task per job; torchrun (or srun, across nodes) starts the ranks
+        gpu=n if n_nodes == 1 else None,
+        gres=f"gpu:{n}" if n_nodes > 1 else None,
+        nodes=n_nodes,
+        tasks_per_gpu=0,  # no task per GPU: torchrun (in our srun step, on a GPU class) starts the ranks
         cpus_per_gpu=res.get("cpus_per_gpu", 0) if n else 0,
         mem_mb=res["mem_mb"],
-        runtime=res[f"{stage}_runtime"],
+        runtime=plan.runtime_min if plan is not None else res[f"{stage}_runtime"],
+        mpi="srun" if srun_step else None,
+        tasks=max(2, n_nodes) if srun_step else None,
+        slurm_extra=f"--signal={SLURM_SIGNAL}@{plan.signal_s}" if srun_step and plan is not None else None,
         **slurm_resources(m, n > 0),
     )
 
@@ -103,8 +144,8 @@ def cli_value(value) -> str:
 
 
 def train_settings(m: Matrix, run: str) -> dict:
-    """Every TrainConfig field of one run that the workflow sets: the config's `train`, then the
-    method's, then the run's own fields."""
+    """Every TrainConfig field of one run that the workflow sets: the config's `train`, then its
+    size class's, then its method's, then the run's own fields."""
     cfg = m.config
     spec = m.runs[run]
     model = cfg["models"][spec["model"]]
@@ -112,6 +153,7 @@ def train_settings(m: Matrix, run: str) -> dict:
     method = cfg["methods"][spec["method"]]
     return (
         dict(cfg.get("train", {}))
+        | m.size_class(run).get("train", {})
         | method.get("train", {})
         | {key: train_set[key] for key in ("val_data", "val_benchmark") if key in train_set}
         | ({"wandb_tags": m.wandb["tags"]} if m.wandb.get("tags") else {})
@@ -137,9 +179,13 @@ def train_settings(m: Matrix, run: str) -> dict:
     )
 
 
-def train_args(m: Matrix, run: str) -> str:
-    """`bfspo train --set key=value ...` of one run, quoted for the shell."""
-    return " ".join(f"--set {shlex.quote(f'{k}={cli_value(v)}')}" for k, v in train_settings(m, run).items())
+def train_args(m: Matrix, run: str, plan=None) -> str:
+    """`bfspo train --set key=value ...` of one run, quoted for the shell; with a GPU plan, the
+    plan's checkpoint interval unless the config sets `save_every`."""
+    settings = train_settings(m, run)
+    if plan is not None:
+        settings.setdefault("save_every", plan.save_every)
+    return " ".join(f"--set {shlex.quote(f'{k}={cli_value(v)}')}" for k, v in settings.items())
 
 
 def _tags(m: Matrix) -> list[str]:

@@ -35,10 +35,11 @@ class ConfigError(BfspoError):
 
 def normalise_numbers(config: dict) -> None:
     """PyYAML (YAML 1.1) reads `1e-4`, without a dot, as a string; `bfspo train --set lr=1e-4` reads
-    a number, and so do the trainer settings of the config (`train` and each method's `train`). In
-    place, before validation."""
+    a number, and so do the trainer settings of the config (`train`, each size class's and each
+    method's `train`). In place, before validation."""
     blocks = [config.get("train")]
-    blocks += [m.get("train") for m in (config.get("methods") or {}).values() if isinstance(m, dict)]
+    for section in ("resources", "methods"):
+        blocks += [v.get("train") for v in (config.get(section) or {}).values() if isinstance(v, dict)]
     for block in blocks:
         for key, value in (block or {}).items() if isinstance(block, dict) else ():
             if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value):
@@ -120,6 +121,11 @@ def reference_errors(config: dict) -> list[str]:
         if gpus and "ranks" in res:
             errors.append(f"resources.{model['size']}.ranks: a GPU class runs one rank per GPU (or per "
                           "tensor-parallel group); 'ranks' is for CPU classes")
+        if not gpus and res.get("nodes", 1) > 1:
+            errors.append(f"resources.{model['size']}.nodes: training across nodes is for GPU classes")
+        if gpus and gpus * res.get("cpus_per_gpu", 1) < 2:
+            errors.append(f"resources.{model['size']}.cpus_per_gpu: a GPU training job asks Slurm for 2 tasks "
+                          "(bfspo/pipeline/jobs.py, job_resources), so gpus x cpus_per_gpu must be at least 2")
     toy_paths = [m["path"] for m in config["models"].values()] + [
         s["data"] for s in list(config["train_sets"].values()) + list(config["benchmarks"].values())
     ]
@@ -293,15 +299,17 @@ class Matrix:
         """The random-init step of a stand-in, before its SFT."""
         return f"{self.config['stand_ins']['dir']}/init/{size}"
 
+    def built_model_paths(self) -> list[str]:
+        """Model paths that this workflow builds (the toy's model, the stand-ins)."""
+        built = [self.config["toy"]["model_dir"]] if "toy" in self.config else []
+        if "stand_ins" in self.config:
+            built += [self.stand_in_path(size) for size in self.config["resources"]]
+        return built
+
     def model_inputs(self, model: str) -> list[str]:
         """A model built by this workflow (the toy, a stand-in) is an input; a hub id or an outside path is not."""
-        spec = self.config["models"][model]
-        built = []
-        if "toy" in self.config:
-            built.append(self.config["toy"]["model_dir"])
-        if "stand_ins" in self.config:
-            built.append(self.stand_in_path(spec["size"]))
-        return [spec["path"]] if spec["path"] in built else []
+        path = self.config["models"][model]["path"]
+        return [path] if path in self.built_model_paths() else []
 
     def stand_in_data(self) -> tuple[list[str], int]:
         """What a stand-in's tokenizer and max positions cover: every train set and benchmark, as

@@ -10,7 +10,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from bfspo.errors import BfspoError
-from bfspo.pipeline import jobs
+from bfspo.pipeline import gpu_plan, jobs
 from bfspo.pipeline.matrix import (
     PREPARED_SPLITS,
     TOY_DATA_FILES,
@@ -46,6 +46,11 @@ _PROBLEMS = plan_problems({r: jobs.train_settings(MATRIX, r) for r in RUNS}, [
     for spec in config["tables"].values() for m in spec["models"] for c in spec["columns"]])
 if _PROBLEMS:
     raise WorkflowError("invalid config:\n  " + "\n  ".join(_PROBLEMS))
+try:
+    PLANS = gpu_plan.plan_matrix(MATRIX)  # peak memory and time of every GPU job (`bfspo plan` prints them)
+    gpu_plan.check(MATRIX, PLANS)
+except BfspoError as e:
+    raise WorkflowError(str(e)) from None
 
 summary = MATRIX.summary
 table_summaries = MATRIX.table_summaries
@@ -89,10 +94,17 @@ def slurm_resources(gpu_job=False):
     return jobs.slurm_resources(MATRIX, gpu_job)
 
 
+def _plan(wildcards, stage):
+    if stage == "eval":
+        return PLANS.eval.get((wildcards.run, wildcards.benchmark))
+    return PLANS.train.get(wildcards.run)
+
+
 def job_resources(stage):
-    """Resources of a train or evaluate job, from its model's size class (bfspo/pipeline/jobs.py)."""
+    """Resources of a train or evaluate job, from its model's size class and its GPU plan
+    (bfspo/pipeline/jobs.py); a resource that does not apply to a job is None, which leaves it out."""
     return {
-        name: (lambda wc, name=name: jobs.job_resources(MATRIX, wc.run, stage)[name])
+        name: (lambda wc, name=name: jobs.job_resources(MATRIX, wc.run, stage, _plan(wc, stage))[name])
         for name in jobs.resource_names(MATRIX)
     }
 
@@ -102,11 +114,11 @@ def job_threads(stage):
 
 
 def train_launcher(wildcards):
-    return jobs.train_launcher(MATRIX, wildcards.run)
+    return jobs.train_launcher(MATRIX, wildcards.run, _plan(wildcards, "train"))
 
 
 def train_args(wildcards):
-    return jobs.train_args(MATRIX, wildcards.run)
+    return jobs.train_args(MATRIX, wildcards.run, _plan(wildcards, "train"))
 
 
 def eval_args(wildcards):
