@@ -50,27 +50,26 @@ def assumptions_text() -> str:
     ])
 
 
+def _terms(terms: dict) -> str:
+    return " + ".join(f"{k} {g(v)}" for k, v in terms.items())
+
+
 def train_line(p: TrainPlan) -> str:
-    t = p.memory.terms
-    act = next(k for k in t if k.startswith(("activations", "forward")))
-    mem = " + ".join(f"{k} {g(v)}" for k, v in t.items())
-    other = f"update asleep {g(p.peak_asleep)}, update resident {g(p.peak_resident)}, rescoring {g(p.peak_rollout)}"
     vllm = (f" | vLLM {g(p.vllm_total)} = weights {g(p.vllm_weights)} + KV {g(p.vllm_kv)} + workspace "
-            f"{g(p.vllm_total - p.vllm_weights - p.vllm_kv)}, {p.decode_tok_s / 1e3:.1f}k tok/s/GPU" if p.vllm else "")
-    return (f"train {p.run}: {p.gpus * p.nodes} GPU(s), peak {g(p.memory.peak)} of {g(p.gpu_mem)} GiB in the "
-            f"{p.memory.phase} ({other}) = {mem}; activations at micro_batch_tokens={p.micro_batch_tokens}: "
-            f"{g(p.activations_checkpointed)} checkpointed, {g(p.activations_full)} not{' (' + act + ' used)' if act else ''}"
-            f"{vllm} | {p.generated_tokens / 1e6:.1f}M tokens generated, {p.trained_tokens / 1e6:.1f}M trained per step:"
-            f" {p.step_s / 60:.1f} min x {p.steps} steps, {p.gpu_hours:.0f} GPU-h | checkpoint "
-            f"{p.checkpoint_bytes / 1e6:.0f} MB every {p.save_every} step(s) | limit {p.runtime_min} min x "
-            f"{p.attempts} attempt(s), USR1 {p.signal_s} s before")
+            f"{g(p.vllm_total - p.vllm_weights - p.vllm_kv)}, {p.concurrency:.0f} seqs" if p.vllm else "")
+    return (f"train {p.run}: {p.gpus * p.nodes} GPU | peak {g(p.memory.peak)}/{g(p.gpu_mem)} GiB ({p.memory.phase}) = "
+            f"{_terms(p.memory.terms)} | update: vLLM asleep {g(p.peak_asleep)}, resident {g(p.peak_resident)}; "
+            f"activations@{p.micro_batch_tokens} {g(p.activations_checkpointed)} checkpointed, "
+            f"{g(p.activations_full)} not{vllm} | {p.decode_tok_s / 1e3:.1f}k tok/s; {p.generated_tokens / 1e6:.1f}M "
+            f"generated, {p.trained_tokens / 1e6:.1f}M trained per step: {p.step_s / 60:.1f} min x {p.steps} = "
+            f"{p.gpu_hours:.0f} GPU-h | checkpoint {p.checkpoint_bytes / 1e6:.0f} MB every {p.save_every} | "
+            f"limit {p.runtime_min} min x {p.attempts}, USR1@{p.signal_s}s")
 
 
 def eval_line(p: EvalPlan) -> str:
-    mem = " + ".join(f"{k} {g(v)}" for k, v in p.memory.terms.items())
-    return (f"evaluate {p.run} on {p.benchmark}: {p.gpus} GPU, peak {g(p.memory.peak)} of {g(p.gpu_mem)} GiB = {mem}"
-            f" (one sequence of {p.max_model_len} tokens: {g(p.kv_one_sequence)}) | {p.decode_tok_s / 1e3:.1f}k tok/s, "
-            f"{p.seconds / 60:.1f} min, {p.gpu_hours:.2f} GPU-h | limit {p.runtime_min} min")
+    return (f"evaluate {p.run} {p.benchmark}: {p.gpus} GPU | peak {g(p.memory.peak)}/{g(p.gpu_mem)} GiB = "
+            f"{_terms(p.memory.terms)}, {p.concurrency:.0f} seqs of {p.max_model_len} | {p.decode_tok_s / 1e3:.1f}k "
+            f"tok/s: {p.seconds / 60:.1f} min, {p.gpu_hours:.2f} GPU-h | limit {p.runtime_min} min")
 
 
 def summary_lines(m: Matrix, plans) -> list[str]:

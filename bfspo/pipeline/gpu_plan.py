@@ -85,9 +85,11 @@ class TrainPlan:
     peak_rollout: int  # the rescoring forward, vLLM awake
     memory: Memory
     step_s: float
+    step_parts: dict  # seconds per step of one rank: decode, prefill, rescore, update, overhead
     steps: int
     gpu_hours: float
     decode_tok_s: float
+    concurrency: float  # sequences vLLM decodes at once: max_num_seqs, or what its KV cache holds
     generated_tokens: float  # per step, all ranks
     trained_tokens: float  # per step, all ranks
     checkpoint_bytes: int
@@ -112,6 +114,7 @@ class EvalPlan:
     max_model_len: int
     memory: Memory
     decode_tok_s: float
+    concurrency: float
     seconds: float
     gpu_hours: float
     runtime_min: int
@@ -121,12 +124,13 @@ def _gib(x: float) -> float:
     return x / GIB
 
 
-def train_config(m: Matrix, run: str):
-    """The TrainConfig a training run will get from the workflow (before the plan's save_every)."""
+def train_config(m: Matrix, run: str, overrides: dict | None = None):
+    """The TrainConfig a training run will get from the workflow (before the plan's save_every),
+    with `overrides` (what-if settings, e.g. another micro_batch_tokens)."""
     from bfspo.training.config import TrainConfig
 
     known = {f.name for f in fields(TrainConfig)}
-    settings = jobs.train_settings(m, run)
+    settings = jobs.train_settings(m, run) | (overrides or {})
     return TrainConfig(**{k: v for k, v in settings.items() if k in known})
 
 
@@ -141,15 +145,24 @@ def gpu_memory_bytes(m: Matrix, run: str, override_gb: float | None = None) -> i
     return None if gb is None else int(gb * GIB)
 
 
-def plan_train(m: Matrix, run: str, a: Assumptions = ASSUMPTIONS, gpu_mem_gb: float | None = None) -> TrainPlan:
+def plan_train(m: Matrix, run: str, a: Assumptions = ASSUMPTIONS, gpu_mem_gb: float | None = None,
+               overrides: dict | None = None) -> TrainPlan:
     """The plan of one training run (see the module doc); the job must be `plannable`."""
-    cfg = train_config(m, run)
+    mem = gpu_memory_bytes(m, run, gpu_mem_gb)
+    return plan_train_config(
+        train_config(m, run, overrides), run=run, gpus=jobs.gpus(m, run, "train"), nodes=jobs.nodes(m, run, "train"),
+        ranks=jobs.ranks(m, run), gpu_mem=mem, cap_min=m.size_class(run)["train_runtime"], a=a)
+
+
+def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_mem: int | None, cap_min: int,
+                      a: Assumptions = ASSUMPTIONS) -> TrainPlan:
+    """The plan of one TrainConfig on `gpus` GPUs per node of `gpu_mem` bytes (None: 80 GiB, not
+    checked), `ranks` data-parallel ranks per node, time limits of at most `cap_min` minutes."""
     s = load_shape(cfg.model)
     b = GPU_DTYPE_BYTES
-    gpus, nodes, ranks = jobs.gpus(m, run, "train"), jobs.nodes(m, run, "train"), jobs.ranks(m, run)
     world = ranks * nodes
-    mem = gpu_memory_bytes(m, run, gpu_mem_gb)
-    card = mem if mem is not None else 80 * GIB
+    card = gpu_mem if gpu_mem is not None else 80 * GIB
+    mem = gpu_mem
     targets = list(cfg.lora_target_modules)
     n_lora = memory.lora_params(s, cfg.lora_r, targets)
     T = getattr(cfg, "micro_batch_tokens", None) or _minibatch_tokens_max(cfg, world, a)
@@ -175,14 +188,14 @@ def plan_train(m: Matrix, run: str, a: Assumptions = ASSUMPTIONS, gpu_mem_gb: fl
     else:
         vllm_total = vllm_weights = vllm_kv = asleep = awake = 0
     kv_one = max_model_len * memory.kv_cache_per_token(s, b)
-    base = {"weights": weights, "LoRA+AdamW": lora, "CUDA context": CUDA_CONTEXT}
-    update = base | {f"activations@{T}": act, "logits chunk": logits}
-    rollout = base | {f"forward@{T}": memory.forward_activations(s, T, b), "logits chunk": logits}
+    base = {"weights": weights, "LoRA+AdamW": lora, "CUDA": CUDA_CONTEXT}
+    update = base | {f"activations@{T}": act, "logits": logits}
+    rollout = base | {f"forward@{T}": memory.forward_activations(s, T, b), "logits": logits}
     if vllm:
-        rollout |= {"vLLM (awake)": awake}
+        rollout |= {"vLLM": awake}
     phases = {"rescoring, vLLM awake": rollout}
     if vllm:
-        phases["update, vLLM asleep"] = update | {"vLLM (asleep)": asleep}
+        phases["update, vLLM asleep"] = update | {"vLLM asleep": asleep}
     else:
         phases["update"] = update
     peak_phase = max(phases, key=lambda p: sum(phases[p].values()))
@@ -202,17 +215,17 @@ def plan_train(m: Matrix, run: str, a: Assumptions = ASSUMPTIONS, gpu_mem_gb: fl
     if vllm and vllm_kv > 0:
         concurrency = min(max_num_seqs, vllm_kv / (memory.kv_cache_per_token(s, b) * (prompt_mean + answer)))
     decode_tps = decode_tokens_per_s(s, max(concurrency, 1), prompt_mean + answer / 2, a, b)
-    step_s = (generated / world / decode_tps
-              + forward_s(s, trees_generated * prompt_mean / world, 2, a)  # prefill, once per question
-              + forward_s(s, rescored / world, 2, a)  # rescoring: old log-probs and entropies
-              + forward_s(s, trained / world, 6 if cfg.gradient_checkpointing else 4, a)
-              + a.step_overhead_s)
+    parts = {"decode": generated / world / decode_tps,
+             "prefill": forward_s(s, trees_generated * prompt_mean / world, 2, a),  # once per question
+             "rescore": forward_s(s, rescored / world, 2, a),  # old log-probs and entropies
+             "update": forward_s(s, trained / world, 6 if cfg.gradient_checkpointing else 4, a),
+             "overhead": a.step_overhead_s}
+    step_s = sum(parts.values())
     ckpt_bytes = n_lora * (memory.LORA_DTYPE_BYTES + 8) + (1 << 20)  # adapter, AdamW moments, state
     ckpt_s = ckpt_bytes / CHECKPOINT_BYTES_S + 1
     save_every = max(1, math.ceil(ckpt_s / (CHECKPOINT_SHARE * step_s)))
     total_s = cfg.steps * (step_s + ckpt_s / save_every)
     signal_s = min(SIGNAL_MAX_S, math.ceil(SAFETY * (step_s + ckpt_s)))
-    cap_min = m.size_class(run)["train_runtime"]
     runtime_min = min(cap_min, max(MIN_RUNTIME_MIN, math.ceil(SAFETY * (a.job_start_s + total_s + signal_s) / 60)))
     usable_s = runtime_min * 60 - a.job_start_s - signal_s
     attempts = math.ceil(total_s / usable_s) if usable_s > 0 else 0
@@ -223,9 +236,23 @@ def plan_train(m: Matrix, run: str, a: Assumptions = ASSUMPTIONS, gpu_mem_gb: fl
         activations_checkpointed=act_ckpt, activations_full=act_full, logits=logits, vllm_total=vllm_total,
         vllm_weights=vllm_weights, vllm_kv=vllm_kv, kv_one_sequence=kv_one, max_model_len=max_model_len,
         peak_asleep=sum(update.values()) + asleep, peak_resident=sum(update.values()) + awake,
-        peak_rollout=sum(rollout.values()), memory=mem_plan, step_s=step_s, steps=cfg.steps, gpu_hours=gpu_hours,
-        decode_tok_s=decode_tps, generated_tokens=generated, trained_tokens=trained, checkpoint_bytes=ckpt_bytes,
+        peak_rollout=sum(rollout.values()), memory=mem_plan, step_s=step_s, step_parts=parts, steps=cfg.steps, gpu_hours=gpu_hours,
+        decode_tok_s=decode_tps, concurrency=concurrency, generated_tokens=generated, trained_tokens=trained, checkpoint_bytes=ckpt_bytes,
         save_every=save_every, runtime_min=runtime_min, signal_s=signal_s, attempts=attempts)
+
+
+def largest_micro_batch(m: Matrix, run: str, resident: bool, share: float = 0.9, a: Assumptions = ASSUMPTIONS,
+                        gpu_mem_gb: float | None = None) -> int:
+    """The largest power of two of micro_batch_tokens with which the run's peak stays within `share`
+    of its card, vLLM resident during the update or asleep (0: none fits)."""
+    best, tokens = 0, 1024
+    while tokens <= 1 << 20:
+        p = plan_train(m, run, a, gpu_mem_gb, {"micro_batch_tokens": tokens})
+        peak = max(p.peak_resident if resident else p.peak_asleep, p.peak_rollout)
+        if peak > share * p.gpu_mem:
+            break
+        best, tokens = tokens, tokens * 2
+    return best
 
 
 def _minibatch_tokens_max(cfg, world: int, a: Assumptions) -> int:
@@ -250,7 +277,7 @@ def plan_eval(m: Matrix, run: str, bench: str, a: Assumptions = ASSUMPTIONS,
     vllm_total = int(ev["gpu_memory_utilization"] * card)
     vllm_weights = memory.weights(s, b)
     vllm_kv = vllm_total - vllm_weights - memory.vllm_workspace(s, ev["max_num_seqs"], VLLM_BATCHED_TOKENS, b)
-    terms = {"vLLM weights": vllm_weights, "vLLM KV cache": vllm_kv, "vLLM workspace": vllm_total - vllm_weights - vllm_kv,
+    terms = {"vLLM weights": vllm_weights, "KV cache": vllm_kv, "vLLM workspace": vllm_total - vllm_weights - vllm_kv,
              "CUDA context": CUDA_CONTEXT}
     answer = a.answer_tokens(bench, budget)
     questions = min(a.n_questions(bench), m.evaluation.get("limit") or a.n_questions(bench))
@@ -263,6 +290,7 @@ def plan_eval(m: Matrix, run: str, bench: str, a: Assumptions = ASSUMPTIONS,
         run=run, benchmark=bench, shape=s, gpus=gpus, gpu_mem=card, checked=mem is not None, vllm_total=vllm_total, vllm_weights=vllm_weights,
         vllm_kv=vllm_kv, kv_one_sequence=max_model_len * memory.kv_cache_per_token(s, b), max_model_len=max_model_len,
         memory=Memory(terms=terms, peak=sum(terms.values()), phase="generation"), decode_tok_s=decode_tps,
+        concurrency=concurrency,
         seconds=seconds, gpu_hours=seconds * gpus / 3600,
         runtime_min=min(cap_min, max(MIN_RUNTIME_MIN, math.ceil(SAFETY * seconds / 60))))
 
