@@ -101,9 +101,11 @@ def test_eval_args(paper):
 
 
 def test_resources_and_launchers_by_size_class(paper):
+    """Without a GPU plan (tests/test_plan.py checks what a plan adds: time limit, signal, srun step)."""
     small, big = "qwen2.5-3b_gsm8k_dapo_s0", "llama3.1-8b_math_bfspo_s0"
-    assert jobs.train_launcher(paper, small) == "bfspo"
-    assert jobs.train_launcher(paper, big) == "torchrun --nproc-per-node 2 --standalone -m bfspo.cli"
+    assert jobs.train_launcher(paper, small).endswith("} bfspo")
+    assert jobs.train_launcher(paper, big).endswith(
+        "} torchrun --nproc-per-node 2 --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --standalone -m bfspo.cli")
     r = jobs.job_resources(paper, big, "train")
     assert (r["gpu"], r["nodes"], r["cpus_per_gpu"], r["tasks_per_gpu"]) == (2, 1, 8, 0)
     assert jobs.job_resources(paper, big, "eval")["gpu"] == 1 and jobs.threads(paper, big, "train") == 16
@@ -111,6 +113,9 @@ def test_resources_and_launchers_by_size_class(paper):
     toy = Matrix(config("config.yaml"))
     run = next(iter(toy.runs))
     assert jobs.job_resources(toy, run, "train")["gpu"] == 0 and jobs.train_launcher(toy, run) == "bfspo"
+    two = config("config.yaml")
+    two["resources"]["cpu"]["ranks"] = 2
+    assert jobs.train_launcher(Matrix(two), run) == "torchrun --nproc-per-node 2 --standalone -m bfspo.cli"
 
 
 def test_partition_and_account_are_set_in_one_place():

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
+import os
 import shlex
 import subprocess
 import sys
@@ -291,3 +293,28 @@ def test_bfspo_plan_prints_every_job_and_refuses_what_cannot_fit(tmp_path):
     small = subprocess.run([sys.executable, "-m", "bfspo.cli", "plan", "--config", "config/paper.yaml",
                             "--gpu-mem-gb", "16"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert small.returncode == 1 and "Jobs that cannot run:" in small.stdout
+
+
+# ---- the memory model against a measured update ------------------------------------------------------
+
+
+@pytest.mark.parametrize("checkpointing", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="tree attention under gradient checkpointing: torch.utils.checkpoint counts one saved "
+                        "tensor fewer in the recomputation (CheckpointError); see the plan branch's report"))],
+    ids=["full", "checkpointed"])
+def test_the_plan_predicts_the_measured_peak_of_an_update_within_25_percent(tmp_path, checkpointing):
+    """bench/bench_plan_memory.py at a small shape (Qwen2.5-3B's config.json, narrower), in a process of
+    its own: one micro-batch update as the trainer runs it, its peak RSS against the plan's terms
+    (bench/RESULTS.md has the same check at Qwen2.5-3B's own layer shapes)."""
+    small = json.loads((MODELS_DIR / "Qwen/Qwen2.5-3B-Instruct/config.json").read_text()) | {
+        "hidden_size": 512, "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "vocab_size": 16384}
+    (tmp_path / "config.json").write_text(json.dumps(small))
+    cmd = [sys.executable, "-m", "bench.bench_plan_memory", "--shape", str(tmp_path), "--layers", "2",
+           "--tokens", "2048", "--json"] + ([] if checkpointing else ["--no-checkpointing"])
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.splitlines()[-1])
+    assert r["row_tokens"] > 1500 and r["checkpointing"] == checkpointing
+    assert 0.75 <= r["measured_bytes"] / r["plan_bytes"] <= 1.25, r
