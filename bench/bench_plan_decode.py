@@ -31,13 +31,13 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
+    if not torch.cuda.is_available():
+        print("\nvLLM decode against the plan: no CUDA GPU; not measured")
+        return
     try:
         import vllm
     except ImportError:
         print("\nvLLM decode against the plan: vllm is not installed here; not measured")
-        return
-    if not torch.cuda.is_available():
-        print("\nvLLM decode against the plan: no CUDA GPU; not measured")
         return
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -181,7 +181,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="Qwen/Qwen2.5-3B-Instruct", help="hub id under config/models, or a model dir")
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--tokens", type=int, default=8192, help="micro_batch_tokens")
+    p.add_argument("--tokens", type=int, default=8192,
+                   help="micro_batch_tokens (more than the prompt plus the budget, as the trainer needs)")
     p.add_argument("--prompt", type=int, default=140)
     p.add_argument("--answer", type=int, default=317, help="mean answer tokens (GSM8K: 0.62 x 512)")
     p.add_argument("--budget", type=int, default=512)

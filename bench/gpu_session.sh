@@ -36,6 +36,7 @@ BENCH_SHAPE=${BENCH_SHAPE:-0.5b}  # bench/common.py SHAPES
 PLAN_SHAPE=${PLAN_SHAPE:-Qwen/Qwen2.5-3B-Instruct}  # config/models/<hub id>, or a model directory
 PLAN_LAYERS=${PLAN_LAYERS:-8}     # layers of the plan-checked model (its other shapes are the model's)
 PLAN_TOKENS=${PLAN_TOKENS:-32768} # micro_batch_tokens of the measured update (paper.yaml's 3B class)
+PLAN_ARGS=${PLAN_ARGS:-}          # extra arguments of bench_plan_memory (e.g. --no-checkpointing)
 DECODE_ARGS=${DECODE_ARGS:---layers 8 --seqs 512 --prompt 140 --new 317}  # bench_plan_decode
 PACKING_ARGS=${PACKING_ARGS:-}    # extra arguments of bench_packing (e.g. smaller sizes on CPU)
 ROLLOUT_ARGS=${ROLLOUT_ARGS:-}    # extra arguments of bench_rollout
@@ -59,12 +60,14 @@ print("device:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else
 EOF
 } | tee "$OUT/env.txt"
 
-step() { echo "== $*" | tee /dev/fd/3; }
+step() { echo "== $*" | tee -a /dev/fd/3; }  # -a: tee would truncate log.txt, reopened through /dev/fd
 # A failed check is reported in plan.txt and the session goes on.
 check() { "$PYTHON" -m "$@" 2>&3 || echo "($1 failed: see log.txt)"; }
 step "plan against measurement at $PLAN_SHAPE's shapes"
-check bench.bench_plan_memory --shape "$PLAN_SHAPE" --layers "$PLAN_LAYERS" --tokens "$PLAN_TOKENS" | tee "$OUT/plan.txt"
-# shellcheck disable=SC2086  # DECODE_ARGS is a list of arguments
+# shellcheck disable=SC2086  # PLAN_ARGS and DECODE_ARGS are lists of arguments
+check bench.bench_plan_memory --shape "$PLAN_SHAPE" --layers "$PLAN_LAYERS" --tokens "$PLAN_TOKENS" $PLAN_ARGS \
+  | tee "$OUT/plan.txt"
+# shellcheck disable=SC2086
 check bench.bench_plan_decode --shape "$PLAN_SHAPE" $DECODE_ARGS | tee -a "$OUT/plan.txt"
 
 step "toy data and model (size $SIZE)"

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(SIZE="test", N_TRAIN="300", N_EVAL="8", STEPS="2", CHAINS="16", MINI="8", BENCH_SHAPE="cpu",
             PACKING_ARGS="--trees 2 --shared 16 --branches 2 --length 16 --repeats 1",
             ROLLOUT_ARGS="--batch 4 --prompt 8 --new 8 --prefixes 8 --group 2 --repeats 1",
-            PLAN_LAYERS="1", PLAN_TOKENS="512", DECODE_ARGS="--seqs 2 --prompt 4 --new 4")
+            PLAN_LAYERS="1", PLAN_TOKENS="1024", PLAN_ARGS="--no-checkpointing", DECODE_ARGS="--seqs 2 --prompt 4 --new 4")
 # The plan's model on CPU: Qwen2.5-3B's config.json at a small width (the plan reads any config.json).
 SMALL_QWEN = {"hidden_size": 64, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
               "vocab_size": 512}

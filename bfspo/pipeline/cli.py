@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from bfspo.pipeline.gpu_plan import (CHECKPOINT_BYTES_S, CUDA_CONTEXT, HEAD_CHUNK_ROWS, SAFETY, VLLM_ASLEEP, EvalPlan,
-                                     TrainPlan, plan_matrix)
+                                     TrainPlan, largest_micro_batch, plan_matrix)
 from bfspo.pipeline.matrix import Matrix, load_config
 from bfspo.pipeline.memory import GIB
 from bfspo.pipeline.throughput import ASSUMPTIONS
@@ -86,6 +86,21 @@ def summary_lines(m: Matrix, plans) -> list[str]:
     return lines
 
 
+def micro_batch_lines(m: Matrix, plans, gpu_mem_gb: float | None) -> list[str]:
+    """Per size class (its first planned run): the largest micro_batch_tokens that keep the peak within
+    90% of the card, vLLM resident during the update and asleep (what the class's setting is chosen from)."""
+    lines, seen = [], set()
+    for run, p in plans.train.items():
+        size = m.config["models"][m.model_of(run)]["size"]
+        if size in seen:
+            continue
+        seen.add(size)
+        fits = [largest_micro_batch(m, run, resident, gpu_mem_gb=gpu_mem_gb) for resident in (True, False)]
+        lines.append(f"  class {size}: micro_batch_tokens {p.micro_batch_tokens}; the largest power of two within 90% "
+                     f"of {g(p.gpu_mem)} GiB: {fits[0]} with vLLM resident, {fits[1]} asleep")
+    return lines
+
+
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="config/config.yaml", help="workflow config (default: config/config.yaml)")
     p.add_argument("--gpu-mem-gb", type=float, help="plan every job for a GPU of this many GiB instead of its "
@@ -107,6 +122,8 @@ def run(args) -> int:
               f"{len(m.evaluations()) - len(plans.eval)} evaluation(s)")
     print()
     print("\n".join(summary_lines(m, plans)))
+    if plans.train:
+        print("\n".join(micro_batch_lines(m, plans, args.gpu_mem_gb)))
     errors = plans.errors()
     if errors:
         print("\nJobs that cannot run:\n  " + "\n  ".join(errors))

@@ -162,7 +162,6 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
     b = GPU_DTYPE_BYTES
     world = ranks * nodes
     card = gpu_mem if gpu_mem is not None else 80 * GIB
-    mem = gpu_mem
     targets = list(cfg.lora_target_modules)
     n_lora = memory.lora_params(s, cfg.lora_r, targets)
     T = getattr(cfg, "micro_batch_tokens", None) or _minibatch_tokens_max(cfg, world, a)
@@ -231,14 +230,15 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
     attempts = math.ceil(total_s / usable_s) if usable_s > 0 else 0
     gpu_hours = (total_s + attempts * a.job_start_s) * gpus * nodes / 3600
     return TrainPlan(
-        run=run, shape=s, gpus=gpus, nodes=nodes, gpu_mem=card, checked=mem is not None, micro_batch_tokens=T,
+        run=run, shape=s, gpus=gpus, nodes=nodes, gpu_mem=card, checked=gpu_mem is not None, micro_batch_tokens=T,
         checkpointing=cfg.gradient_checkpointing, vllm=vllm, weights=weights, lora_state=lora, activations=act,
         activations_checkpointed=act_ckpt, activations_full=act_full, logits=logits, vllm_total=vllm_total,
         vllm_weights=vllm_weights, vllm_kv=vllm_kv, kv_one_sequence=kv_one, max_model_len=max_model_len,
         peak_asleep=sum(update.values()) + asleep, peak_resident=sum(update.values()) + awake,
-        peak_rollout=sum(rollout.values()), memory=mem_plan, step_s=step_s, step_parts=parts, steps=cfg.steps, gpu_hours=gpu_hours,
-        decode_tok_s=decode_tps, concurrency=concurrency, generated_tokens=generated, trained_tokens=trained, checkpoint_bytes=ckpt_bytes,
-        save_every=save_every, runtime_min=runtime_min, signal_s=signal_s, attempts=attempts)
+        peak_rollout=sum(rollout.values()), memory=mem_plan, step_s=step_s, step_parts=parts, steps=cfg.steps,
+        gpu_hours=gpu_hours, decode_tok_s=decode_tps, concurrency=concurrency, generated_tokens=generated,
+        trained_tokens=trained, checkpoint_bytes=ckpt_bytes, save_every=save_every, runtime_min=runtime_min,
+        signal_s=signal_s, attempts=attempts)
 
 
 def largest_micro_batch(m: Matrix, run: str, resident: bool, share: float = 0.9, a: Assumptions = ASSUMPTIONS,
