@@ -128,6 +128,7 @@ def run(args) -> int:
     if errors:
         print("\nJobs that cannot run:\n  " + "\n  ".join(errors))
         return 1
-    print("\nEvery planned job fits its GPU.")
+    print("\nEvery planned job fits its GPU." if plans.train or plans.eval else
+          "\nNo job is planned: no GPU class runs a model whose shapes are known before the run.")
     return 0
 
