@@ -144,6 +144,8 @@ def test_config_errors_name_the_problem(edit, named):
     (lambda c: c["models"]["qwen2.5-7b"].update(tensor_parallel=2) or c["resources"]["8b"].update(gpus=4),
      "each rank runs its own rollout engine"),
     (lambda c: c["resources"]["3b"].update(ranks=2), "'ranks' is for CPU classes"),
+    (lambda c: c["resources"]["3b"].update(cpus_per_gpu=1), "gpus x cpus_per_gpu must be at least 2"),
+    (lambda c: c["resources"]["3b"].update(gpus=0, nodes=2), "training across nodes is for GPU classes"),
 ])
 def test_data_parallel_settings_that_cannot_work_are_refused(edit, named):
     cfg = config("paper.yaml")
