@@ -39,6 +39,8 @@ def threads(m: Matrix, run: str, stage: str) -> int:
     return res.get("cpus", 1) * (ranks(m, run) if stage == "train" else 1)
 
 
+# The config's `evaluation` keys that become `bfspo evaluate` options (--batch-size ...).
+EVAL_OPTIONS = ("engine", "batch_size", "limit", "gpu_memory_utilization", "max_num_seqs", "per_request_seeds")
 SLURM_SIGNAL = "USR1"  # the trainer finishes its step, checkpoints and exits on it (bfspo/training/trainer.py)
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"  # torchrun's defaults, plus Slurm's warning
 
@@ -209,8 +211,7 @@ def eval_args(m: Matrix, run: str, bench: str) -> str:
     b = cfg["benchmarks"][bench]
     args = ["--model", cfg["models"][model]["path"], "--benchmark", bench, "--data", b["data"], "--budget", b["budget"]]
     args += [x for key in ("samples", "temperature") if key in b for x in (f"--{key}", b[key])]
-    args += [x for key in ("engine", "batch_size", "limit") if key in evaluation
-             for x in (f"--{key.replace('_', '-')}", evaluation[key])]
+    args += [x for key in EVAL_OPTIONS if key in evaluation for x in (f"--{key.replace('_', '-')}", evaluation[key])]
     args += ["--seed", evaluation.get("seed", 0)]
     meta = dict(run=run, model=model, model_label=cfg["models"][model]["label"], method=ZERO_SHOT,
                 tables=",".join(m.tables_of(run)))
