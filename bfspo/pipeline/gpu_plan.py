@@ -164,7 +164,7 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
     card = gpu_mem if gpu_mem is not None else 80 * GIB
     targets = list(cfg.lora_target_modules)
     n_lora = memory.lora_params(s, cfg.lora_r, targets)
-    T = getattr(cfg, "micro_batch_tokens", None) or _minibatch_tokens_max(cfg, world, a)
+    T = cfg.micro_batch_tokens
 
     # memory, per GPU
     weights = memory.weights(s, b)
@@ -253,13 +253,6 @@ def largest_micro_batch(m: Matrix, run: str, resident: bool, share: float = 0.9,
             break
         best, tokens = tokens, tokens * 2
     return best
-
-
-def _minibatch_tokens_max(cfg, world: int, a: Assumptions) -> int:
-    """Tokens of one rank's mini-batch with every answer at the budget (no micro-batches)."""
-    _, prompt_max = a.prompt(cfg.benchmark)
-    trees = cfg.mini_batch_chains / (cfg.group_size * (cfg.k + 1)) / world
-    return math.ceil(trees * (prompt_max + cfg.group_size * (cfg.k + 1) * cfg.budget))
 
 
 def plan_eval(m: Matrix, run: str, bench: str, a: Assumptions = ASSUMPTIONS,
