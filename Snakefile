@@ -3,7 +3,8 @@
     snakemake --cores 2                                     # the embedded toy (config/config.yaml)
     snakemake --profile slurm --configfile config/paper.yaml  # the full reproduction on Slurm
 
-The config declares the experiment matrix; workflow/rules/common.smk derives the runs from it.
+The config declares the experiment matrix; bfspo/pipeline/ derives the runs and every job's settings
+from it, and workflow/rules/common.smk hands them to the rules.
 See docs/workflow.md and config/README.md.
 """
 

