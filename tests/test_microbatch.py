@@ -64,6 +64,25 @@ def test_split_update_equals_the_unsplit_one(model, k, kind):
             torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
 
 
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
+    """Checkpointing runs each layer's attention again in the backward pass: through tree attention
+    there too (the paper config checkpoints), so the gradients are those of the plain update. A
+    checkpointed forward outside the tree-attention mode is refused, not run with the wrong attention."""
+    from bfspo.algorithm.packing import pack_trees, packed_logprobs
+    from bfspo.errors import BfspoError
+
+    model = load_float32_model(tiny_model_dir).train()  # train(): transformers checkpoints only in training
+    trees = batch(model, 3, "branch")
+    total = sum(len(t.prompt_ids) + t.n_tokens for t in trees)
+    reference, _ = gradients(model, trees, total)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    grads, _ = gradients(model, trees, budget_for(trees, 2))
+    for g, r in zip(grads, reference):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
+    with pytest.raises(BfspoError, match="tree_attention_mode"):
+        packed_logprobs(model, pack_trees(trees))
+
+
 def test_the_normaliser_is_the_whole_mini_batchs():
     """Two halves, each divided by the whole's entry count, sum to the whole; stats merge by weight."""
     parts = [{"clip_frac": 0.5, "clip_frac_low": 0.0, "clip_frac_high": 0.5, "ratio_mean": 1.0, "approx_kl": 0.1,

@@ -298,10 +298,7 @@ def test_bfspo_plan_prints_every_job_and_refuses_what_cannot_fit(tmp_path):
 # ---- the memory model against a measured update ------------------------------------------------------
 
 
-@pytest.mark.parametrize("checkpointing", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="tree attention under gradient checkpointing: torch.utils.checkpoint counts one saved "
-                        "tensor fewer in the recomputation (CheckpointError); see the plan branch's report"))],
-    ids=["full", "checkpointed"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["full", "checkpointed"])
 def test_the_plan_predicts_the_measured_peak_of_an_update_within_25_percent(tmp_path, checkpointing):
     """bench/bench_plan_memory.py at a small shape (Qwen2.5-3B's config.json, narrower), in a process of
     its own: one micro-batch update as the trainer runs it, its peak RSS against the plan's terms

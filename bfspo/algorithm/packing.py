@@ -68,7 +68,7 @@ from torch.utils.checkpoint import checkpoint
 
 from bfspo.errors import BfspoError
 from bfspo.algorithm.tree import SearchTree
-from bfspo.algorithm.tree_attention import use_tree_attention
+from bfspo.algorithm.tree_attention import NAME as TREE_ATTENTION, tree_attention_mode, tree_kwargs
 
 LAYOUTS = ("tree", "flat")
 ATTENTIONS = ("tree", "dense")  # dense: the [T, T] reference mask, for tests and benchmarks only
@@ -329,9 +329,13 @@ def packed_logprobs(model: torch.nn.Module, packed: PackedBatch, chunk_size: int
     body, head = model.get_decoder(), model.get_output_embeddings()
     device = packed.input_ids.device
     if attention == "tree":
-        with use_tree_attention(model, packed.ends) as tree_kwargs:
+        if (torch.is_grad_enabled() and getattr(model, "is_gradient_checkpointing", False)
+                and model.config._attn_implementation != TREE_ATTENTION):
+            raise BfspoError("gradient checkpointing recomputes the attention in the backward pass: run the forward "
+                             "and the backward pass inside bfspo.algorithm.tree_attention.tree_attention_mode(model)")
+        with tree_attention_mode(model):
             hidden = body(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                          **tree_kwargs).last_hidden_state
+                          **tree_kwargs(packed.ends)).last_hidden_state
     else:
         attn = model.config._attn_implementation
         if attn not in MASKED_ATTENTION:

@@ -25,8 +25,11 @@ past its own tree. Two kernels compute softmax(q k^T * scale + mask) v from the 
   uncompiled, materialises the scores, hence the blockwise kernel there.)
 
 `tree_attention_forward` is registered with transformers' AttentionInterface as "bfspo_tree";
-`use_tree_attention(model, ends)` switches a model to it for one packed forward, and the intervals
-(and on CUDA their BlockMask) travel to every attention layer as keyword arguments of the model call.
+`tree_attention_mode(model)` switches a model to it, and the intervals (and on CUDA their BlockMask,
+`tree_kwargs`) travel to every attention layer as keyword arguments of the model call. Under
+gradient checkpointing the backward pass runs the layers again, with the same keyword arguments
+but the implementation that the model's config names then: the mode must span the backward pass
+(bfspo.training.accumulate holds it; `packed_logprobs` refuses a checkpointed forward without it).
 """
 
 from __future__ import annotations
@@ -190,18 +193,24 @@ def _register() -> None:
 
 
 @contextmanager
-def use_tree_attention(model, ends: torch.Tensor):
-    """Within the block, `model`'s attention layers call `tree_attention_forward`. Yields the keyword
-    arguments that the model call passes on to them: the row's intervals and, on CUDA, their
-    BlockMask, built once per forward rather than once per layer."""
+def tree_attention_mode(model):
+    """Within the block, `model`'s attention layers call `tree_attention_forward` (entered again
+    inside, it changes nothing). Gradient checkpointing runs the attention layers again in the
+    backward pass, so a caller that checkpoints holds the mode across forward and backward."""
     _register()
     config = model.config
     previous = config._attn_implementation
     config._attn_implementation = NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+def tree_kwargs(ends: torch.Tensor) -> dict:
+    """The keyword arguments that a model call passes on to its attention layers: the row's
+    intervals and, on CUDA, their BlockMask, built once per forward rather than once per layer."""
     kwargs = {"tree_ends": ends}
     if ends.device.type == "cuda":
         kwargs["tree_block_mask"] = interval_block_mask(ends)
-    try:
-        yield kwargs
-    finally:
-        config._attn_implementation = previous
+    return kwargs

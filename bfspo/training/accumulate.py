@@ -23,6 +23,7 @@ import torch
 
 from bfspo.algorithm.loss import policy_loss
 from bfspo.algorithm.packing import pack_trees, packed_logprobs, plan_micro_batches
+from bfspo.algorithm.tree_attention import tree_attention_mode
 
 
 @dataclass
@@ -61,10 +62,11 @@ def minibatch_backward(model: torch.nn.Module, trees: Sequence, *, micro_batch_t
     parts = []
     for pieces in plan_micro_batches(trees, micro_batch_tokens):
         packed = pack_trees(trees, pieces=pieces).to(device)
-        logprobs, _ = packed_logprobs(model, packed)
-        loss, stats = policy_loss(logprobs, packed.old_logprobs, packed.advantages, eps_low=eps_low,
-                                  eps_high=eps_high, normalizer=normalizer)
-        loss.backward()
+        with tree_attention_mode(model):  # also for the backward pass: checkpointing recomputes the attention
+            logprobs, _ = packed_logprobs(model, packed)
+            loss, stats = policy_loss(logprobs, packed.old_logprobs, packed.advantages, eps_low=eps_low,
+                                      eps_high=eps_high, normalizer=normalizer)
+            loss.backward()
         parts.append(stats)
         out.loss += float(loss.detach())
         out.micro_batches += 1
