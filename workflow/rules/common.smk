@@ -70,6 +70,9 @@ def _check_references():
         for i, col in enumerate(spec["columns"]):
             known("train_sets", col["train_set"], f"tables.{table}.columns[{i}]")
             known("benchmarks", col["benchmark"], f"tables.{table}.columns[{i}]")
+        for i, c in enumerate(spec.get("contrasts", [])):
+            errors += [f"tables.{table}.contrasts[{i}]: '{c[k]}' is not one of the table's methods"
+                       for k in ("method", "baseline") if c[k] not in spec["methods"]]
     for name, model in config["models"].items():
         if model["size"] not in config["resources"]:
             errors.append(
@@ -217,6 +220,7 @@ def table_spec(table):
             ],
             paper_tables=spec.get("paper_tables", []),
             reported=spec.get("reported"),
+            contrasts=spec.get("contrasts"),
         ),
         separators=(",", ":"),
     )
