@@ -71,6 +71,7 @@ def write_config(tmp_path: Path, base: str, edit) -> Path:
 
 @pytest.mark.parametrize("configfile", [None, "config/test.yaml", "config/paper.yaml", "config/toy-seeds.yaml",
                                         "config/toy-study.yaml", "config/toy-study-hard.yaml",
+                                        "config/toy-breakdown.yaml", "config/toy-breakdown-hard.yaml",
                                         "config/toy-gpu.yaml"])
 def test_lint_is_clean(configfile):
     proc = snakemake("--lint", *(["--configfile", configfile] if configfile else []))
