@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from bfspo.errors import BfspoError
-from bfspo.reporting.paired import (BEATS, LOSES, MATCHES, _contrast_sections, check_pairing, contrasts,
+from bfspo.reporting.paired import (BEATS, LOSES, MATCHES, _contrast_sections, against_zero_shot, check_pairing,
+                                    contrasts,
                                     min_detectable_difference, paired_summary, paired_table, ratio_summary,
                                     seed_band, t_quantile, verdict)
 
@@ -146,3 +147,17 @@ def test_seed_band_is_the_mean_with_its_t_interval():
     assert band.loc[1, "mean"] == pytest.approx(0.6) and band.loc[1, "n"] == 2
     assert (band.loc[1, "low"], band.loc[1, "high"]) == pytest.approx((0.6 - 1.27062, 0.6 + 1.27062), abs=1e-4)
     assert band.loc[3, "mean"] == pytest.approx(0.7) and band.loc[3, "n"] == 1 and math.isnan(band.loc[3, "low"])
+
+
+def test_each_arm_against_the_zero_shot_number():
+    """a: 80 and 90 (mean 85, sd 7.07, t_0.975,1 = 12.706: 85 +- 63.5); c: 85 and 93 against 84."""
+    spec, seeds = four_arms()
+    seeds = pd.concat([seeds, seeds.assign(seed=seeds.seed + 2)])  # 4 seeds: each value twice
+    rows = against_zero_shot(spec, seeds, pd.DataFrame([dict(benchmark="toy", acc=84.0)])).set_index("Method")
+    # c: 85, 93, 85, 93: mean 89, sd 4.619, t_0.975,3 = 3.182: 89 +- 7.35 -> [81.7, 96.3], matches 84
+    assert rows.loc["C", "Acc."] == "89.0" and rows.loc["C", "95% t-interval"] == "[81.7, 96.3]"
+    assert rows.loc["C", "Verdict"] == MATCHES and rows.loc["C", "Seeds"] == "4"
+    # d: 81, 91, 81, 91 -> mean 86; against 70 the whole interval [76.8, 95.2] is above: beats
+    rows = against_zero_shot(spec, seeds, pd.DataFrame([dict(benchmark="toy", acc=70.0)])).set_index("Method")
+    assert rows.loc["D", "Verdict"] == BEATS and against_zero_shot(spec, seeds, pd.DataFrame(
+        [dict(benchmark="other", acc=70.0)])).empty

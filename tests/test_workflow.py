@@ -534,8 +534,10 @@ def breakdown_at_ci_size(cfg):
     """The breakdown study at CI size: the test-size toy model, 2 seeds, 2 steps, 16 evaluation
     questions, G = 4 and batches of 16 chains in mini-batches of 8; arm d G = 8 (one group per
     optimizer step); arm e two 16-chain trees per batch and per optimizer step (the test model is
-    right 5% of the time, too rarely for G = 2 groups to mix)."""
+    right 5% of the time, too rarely for G = 2 groups to mix); budget 96, which its answers (65
+    tokens on average) rarely reach."""
     cfg["toy"].update(size="test", n_train=2000, n_rl=64, n_eval=16)
+    cfg["train_sets"]["toy"]["budget"] = cfg["benchmarks"]["toy"]["budget"] = 96
     cfg["seeds"] = [0, 1]
     cfg["wandb"]["report"] = False
     cfg["train"].update(steps=2, group_size=4, train_batch=16, mini_batch=8)
@@ -561,7 +563,8 @@ def test_the_breakdown_study_runs_at_ci_size(tmp_path):
         ("BFS-PO", "DAPO"), ("BFS-PO (first samples)", "BFS-PO"), ("DAPO (G=32)", "DAPO"), ("BFS-PO", "DAPO (G=32)"),
         ("BFS-PO (first samples, G=4, 4 trees/step)", "DAPO")}
     text = (tables / "toy-breakdown.md").read_text()
-    assert text.count("\n### ") == 6 and "### c - b: the filter" in text and "trees_all_correct" in text
+    assert text.count("\n### ") == 5 + 2 and "### c - b: the filter" in text and "trees_all_correct" in text
+    assert "### Against the zero-shot model" in text
     figures = tmp_path / "results/figures/toy-breakdown"
     assert (figures / "paired.png").is_file() and (figures / "seed_bands_toy-bd_toy.png").is_file()
     runs = tmp_path / "results/runs"

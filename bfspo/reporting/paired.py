@@ -291,6 +291,24 @@ def format_trees(spec: dict, trees: dict, seeds: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(columns).rename_axis("statistic").reset_index()
 
 
+def against_zero_shot(spec: dict, seeds: pd.DataFrame, zero: pd.DataFrame) -> pd.DataFrame:
+    """Each method's accuracy per column against the zero-shot model's (one greedy number, no seeds):
+    the mean over seeds, its 95% t-interval, and the verdict of that interval against the number."""
+    rows = []
+    for col in spec["columns"]:
+        z = zero[zero.benchmark == col["benchmark"]]
+        if not len(z):
+            continue
+        z_acc = float(z.acc.iloc[0])
+        for m in spec["methods"]:
+            band = seed_band(seeds[seeds.method == m["key"]][[f"acc_{col['benchmark']}"]].T).iloc[0]
+            rows.append({"Method": m["label"], "Column": f"{col['label']} ({col.get('domain', '')})",
+                         "Acc.": _fmt(band["mean"], 1), "95% t-interval": f"[{_fmt(band.low, 1)}, {_fmt(band.high, 1)}]",
+                         "Zero-shot": _fmt(z_acc, 1), "Seeds": str(int(band.n)),
+                         "Verdict": "-" if math.isnan(band.low) else verdict(band.low - z_acc, band.high - z_acc, True)})
+    return pd.DataFrame(rows)
+
+
 def _contrast_sections(spec: dict, table: pd.DataFrame) -> str:
     """The paired table as Markdown: one table, or one section per contrast when the spec sets them."""
     if not spec.get("contrasts"):
@@ -330,6 +348,8 @@ def write_paired(spec: dict, scored: pd.DataFrame, runs_dir: str | Path, out_dir
         "excludes 0 (a ratio of 1) on the method's better / worse side, matches when it does not. "
         f"Pairing checked: per seed, the same model, training data and seed, and one question order. "
         f"Zero-shot (greedy, the AES baseline): {zero_text}.\n\n"
+        f"### Against the zero-shot model (accuracy, mean over seeds and its 95% t-interval)\n\n"
+        f"{against_zero_shot(spec, seeds, zero).to_markdown(index=False, disable_numparse=True)}\n\n"
         f"### Tree statistics (`bfspo tree stats` over all seeds of each method)\n\n"
         f"{format_trees(spec, trees, seeds).to_markdown(index=False, disable_numparse=True)}\n"))
     atomic_write_text(paths[2], shown.map(latex_escape).rename(columns=latex_escape).style.hide(axis="index").to_latex(
