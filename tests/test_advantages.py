@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from bfspo.algorithm.advantages import EPS, assign_advantages, assign_rewards, group_advantages, keep_tree
+from bfspo.algorithm.advantages import (EPS, FILTERS, assign_advantages, assign_rewards, first_samples,
+                                       group_advantages, keep_tree)
 from bfspo.errors import BfspoError
 from bfspo.algorithm.tree import SearchTree
 
@@ -151,6 +152,61 @@ def test_filter_keeps_trees_with_some_but_not_all_correct():
     for i in t.leaves():
         t.segments[i].leaf.correct = False
     assert not keep_tree(t)
+
+
+def first_group_tree(first, expansion, expand=0):
+    """G first answers (correct flags `first`, 5 tokens each; G = len(first)); first answer `expand`
+    split after its first token (w^b) with one expansion of G answers (flags `expansion`, 3 tokens)."""
+    t = SearchTree(prompt_ids=[1, 2], budget=100)
+    ids = [add(t, None, 5, ok) for ok in first]
+    if expansion:
+        wb = t.split(ids[expand], 0)
+        t.segments[wb].ends_in_B = True
+        ids += [add(t, wb, 2, ok) for ok in expansion]
+        return t, ids, wb
+    return t, ids, None
+
+
+@pytest.mark.parametrize("first, expansion, all_leaves, first_samples_", [
+    ([True, False, True, True], [False] * 4, True, True),  # mixed first group: both keep
+    ([True] * 4, [True, False, True, True], True, False),  # all-correct first group, a failed expansion
+    ([False] * 4, [True, False, False, False], True, False),  # all-wrong first group rescued (w/o BFS)
+    ([True] * 4, [True] * 4, False, False),  # every leaf correct: no signal either way
+    ([False] * 4, [], False, False),  # all wrong, never expanded
+    ([True, False, False, False], [], True, True),  # K = 0: both are DAPO's constraint
+])
+def test_both_filter_readings_on_hand_built_trees(first, expansion, all_leaves, first_samples_):
+    t, ids, _ = first_group_tree(first, expansion)
+    assert first_samples(t) == ids[:len(first)]
+    assert keep_tree(t) is keep_tree(t, "all_leaves") is all_leaves
+    assert keep_tree(t, "first_samples") is first_samples_
+
+
+def test_the_two_readings_agree_at_k0_on_every_group():
+    for pattern in range(2 ** 3):
+        t, _, _ = first_group_tree([bool(pattern >> i & 1) for i in range(3)], [])
+        assert keep_tree(t, "all_leaves") is keep_tree(t, "first_samples") is (0 < pattern < 7)
+    with pytest.raises(BfspoError, match="unknown filter 'leaves'"):
+        keep_tree(t, "leaves")
+    assert FILTERS == ("all_leaves", "first_samples")
+
+
+@pytest.mark.parametrize("expansion", [[False] * 8, [True, False, False, False, False, False, False, False],
+                                       [True] * 7 + [False]])
+def test_all_correct_first_group_kept_by_all_leaves_pushes_the_best_prefix_down(expansion):
+    """Issue 25: G = 8 first answers all correct (reward 1), the first one expanded with G = 8
+    answers of which some fail. Its prefix w^b is worth r = mean of its 9 children < 1 (Eq. 8); its
+    7 siblings are worth 1. Eq. 1 on the root's children (7 x 1, r): mean (7 + r) / 8, deviation of
+    w^b (7/8)(r - 1), unbiased std (1 - r) / sqrt 8, so A(w^b) = -7 / sqrt 8 = -2.47 whatever r
+    is, and each sibling gets +1 / sqrt 8. DAPO drops this group; 'first_samples' drops the tree."""
+    t, ids, wb = first_group_tree([True] * 8, expansion)
+    assign_rewards(t, overlong=False)
+    assign_advantages(t, "branch")
+    assert keep_tree(t, "all_leaves") and not keep_tree(t, "first_samples")
+    r = (1 + sum(1 if ok else -1 for ok in expansion)) / 9
+    assert t.segments[wb].reward == pytest.approx(r)
+    assert t.segments[wb].advantage == pytest.approx(-7 / math.sqrt(8), rel=1e-4)  # eps in the std
+    assert [t.segments[i].advantage for i in ids[1:8]] == pytest.approx([1 / math.sqrt(8)] * 7, rel=1e-4)
 
 
 def test_advantages_need_rewards_and_a_known_kind():

@@ -6,8 +6,10 @@ import pandas as pd
 import pytest
 
 from bfspo.errors import BfspoError
-from bfspo.reporting.paired import (BEATS, LOSES, MATCHES, check_pairing, min_detectable_difference, paired_summary,
-                                    paired_table, ratio_summary, verdict)
+from bfspo.reporting.paired import (BEATS, LOSES, MATCHES, _contrast_sections, against_zero_shot, check_pairing,
+                                    contrasts,
+                                    min_detectable_difference, paired_summary, paired_table, ratio_summary,
+                                    seed_band, t_quantile, verdict)
 
 Z = 1.959964 + 0.841621  # z_0.975 + z_0.8
 
@@ -84,3 +86,78 @@ def test_paired_table_rows_by_hand():
     assert (step["diff"], step.ci_low, step.baseline, step.value, step.verdict) == (2, 2, 4, 2, BEATS)
     assert list(rows.index) == ["Acc.", "Avg. Len.", "AES", "rollout ratio", "old_logprobs ratio", "update ratio",
                                 "step ratio"]
+
+
+def four_arms():
+    """Two seeds of four arms; accuracy a: 80, 90; b: 82, 94; c: 85, 93; d: 81, 91 (timings equal)."""
+    spec = dict(name="study", methods=[dict(key=k, label=k.upper()) for k in "abcd"],
+                columns=[dict(benchmark="toy", label="Toy", domain="in")])
+    timing = dict(rollout_s=2.0, old_logprobs_s=1.0, update_s=1.0, step_s=4.0)
+    acc = {"a": (80, 90), "b": (82, 94), "c": (85, 93), "d": (81, 91)}
+    seeds = pd.DataFrame([dict(method=m, seed=i, acc_toy=acc[m][i], avg_len_toy=100, aes_toy=0.1, **timing)
+                          for m in "abcd" for i in (0, 1)])
+    return spec, seeds
+
+
+def test_contrasts_pair_any_two_arms_of_the_table():
+    spec, seeds = four_arms()
+    spec["contrasts"] = [dict(method="c", baseline="b", label="c - b: the filter"), dict(method="d", baseline="a"),
+                         dict(method="b", baseline="d")]
+    assert [(c["method"], c["baseline"], c["label"]) for c in contrasts(spec)] == [
+        ("c", "b", "c - b: the filter"), ("d", "a", "D - A"), ("b", "d", "B - D")]
+    rows = paired_table(spec, seeds)
+    acc = rows[rows.metric == "Acc."].set_index(["method", "vs"])
+    # c - b: differences +3 and -1; d - a: +1 and +1; b - d: +1 and +3
+    assert acc.loc[("C", "B"), ["baseline", "value", "diff"]].tolist() == [88, 89, 1]
+    assert acc.loc[("D", "A"), ["diff", "ci_low", "ci_high", "verdict"]].tolist() == [1, 1, 1, BEATS]
+    assert acc.loc[("B", "D"), ["diff", "ci_low", "ci_high"]].tolist() == [2, 1, 3]
+    assert len(rows) == 3 * (3 + 4)
+    text = _contrast_sections(spec, rows)
+    assert "### c - b: the filter\n\nC minus B." in text and "### B - D\n\nB minus D." in text
+    # without contrasts: each method against the first, as before
+    del spec["contrasts"]
+    default = paired_table(spec, seeds)
+    assert set(zip(default.method, default.vs)) == {("B", "A"), ("C", "A"), ("D", "A")}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(method="e", baseline="a"), "e not among the table's methods"),
+    (dict(method="a", baseline="a"), "a method against itself"),
+])
+def test_a_contrast_must_name_two_arms_of_the_table(bad, message):
+    spec, _ = four_arms()
+    spec["contrasts"] = [bad]
+    with pytest.raises(BfspoError, match=message):
+        contrasts(spec)
+
+
+def test_t_quantiles_are_students():
+    # printed tables of t_{0.975, df} and t_{0.95, df}
+    for df, q in [(1, 12.7062), (2, 4.3027), (3, 3.1824), (9, 2.2622), (10, 2.2281), (30, 2.0423)]:
+        assert t_quantile(0.975, df) == pytest.approx(q, abs=1e-4)
+    assert t_quantile(0.95, 5) == pytest.approx(2.0150, abs=1e-4)
+    with pytest.raises(BfspoError):
+        t_quantile(0.975, 0)
+
+
+def test_seed_band_is_the_mean_with_its_t_interval():
+    curves = pd.DataFrame({0: [0.5, 0.6, 0.7], 1: [0.7, 0.8, float("nan")]}, index=[1, 2, 3])
+    band = seed_band(curves)
+    # step 1: mean 0.6, sd 0.1 * sqrt 2, n 2: half-width 12.706 * 0.1414 / 1.4142 = 1.2706
+    assert band.loc[1, "mean"] == pytest.approx(0.6) and band.loc[1, "n"] == 2
+    assert (band.loc[1, "low"], band.loc[1, "high"]) == pytest.approx((0.6 - 1.27062, 0.6 + 1.27062), abs=1e-4)
+    assert band.loc[3, "mean"] == pytest.approx(0.7) and band.loc[3, "n"] == 1 and math.isnan(band.loc[3, "low"])
+
+
+def test_each_arm_against_the_zero_shot_number():
+    """a: 80 and 90 (mean 85, sd 7.07, t_0.975,1 = 12.706: 85 +- 63.5); c: 85 and 93 against 84."""
+    spec, seeds = four_arms()
+    seeds = pd.concat([seeds, seeds.assign(seed=seeds.seed + 2)])  # 4 seeds: each value twice
+    rows = against_zero_shot(spec, seeds, pd.DataFrame([dict(benchmark="toy", acc=84.0)])).set_index("Method")
+    # c: 85, 93, 85, 93: mean 89, sd 4.619, t_0.975,3 = 3.182: 89 +- 7.35 -> [81.7, 96.3], matches 84
+    assert rows.loc["C", "Acc."] == "89.0" and rows.loc["C", "95% t-interval"] == "[81.7, 96.3]"
+    assert rows.loc["C", "Verdict"] == MATCHES and rows.loc["C", "Seeds"] == "4"
+    # d: 81, 91, 81, 91 -> mean 86; against 70 the whole interval [76.8, 95.2] is above: beats
+    rows = against_zero_shot(spec, seeds, pd.DataFrame([dict(benchmark="toy", acc=70.0)])).set_index("Method")
+    assert rows.loc["D", "Verdict"] == BEATS and against_zero_shot(spec, seeds, pd.DataFrame(
+        [dict(benchmark="other", acc=70.0)])).empty

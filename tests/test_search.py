@@ -136,6 +136,51 @@ def test_every_round_is_one_engine_call_for_all_expanding_trees():
     assert [len(t.backtracking) for t in trees] == [2, 2, 0]
 
 
+@pytest.mark.parametrize("selection", ["bfs", "entropy"])
+def test_first_samples_filter_drops_a_question_before_any_expansion(selection):
+    """Q's first answers are mixed (Fig. 1); q2's are all correct, q3's all wrong. With 'all_leaves'
+    q2 is expanded (and kept, since one of its expansion answers fails), and so is q3 without BFS; with
+    'first_samples' neither is: the expansion calls hold Q's prefixes only, and both are dropped."""
+    q2, q3 = (200,), (300,)
+    script = figure1_script()
+    script[Q + (20, 40)] = [comp([ANSWER, EOS])] * 4
+    script[Q + (30, 31)] = script[Q + (30, 31, 32)] = [comp([ANSWER, EOS])] * 4
+    script[q2] = [comp([50, 51, ANSWER, EOS], [0.1, 0.1, 3.0, 0.1])] * 4
+    script[q2 + (50, 51)] = [comp([ANSWER, EOS])] * 3 + [comp([52, EOS])]
+    script[q2 + (50,)] = [comp([51, ANSWER, EOS])] * 4
+    script[q3] = [comp([60, 61, EOS], [0.1, 4.0, 0.1])] * 4
+    script[q3 + (60,)] = [comp([ANSWER, EOS])] + [comp([62, EOS])] * 3
+    script[q3 + (60, 62)] = [comp([ANSWER, EOS])] * 4
+    expanded = {}
+    for filter in ("all_leaves", "first_samples"):
+        engine = ScriptedEngine(script)
+        trees = build_trees(engine, [Q, q2, q3], [correct] * 3, group_size=4, k=2, budget=16, selection=selection,
+                            filter=filter)
+        expanded[filter] = {c[0] for call in engine.calls[1:] for c in call["contexts"]}
+        assert [keep_tree(t, filter) for t in trees] == (
+            [True, True, selection == "entropy"] if filter == "all_leaves" else [True, False, False])
+        # trees built under 'first_samples' are kept or dropped alike by both readings
+        if filter == "first_samples":
+            assert [keep_tree(t, "all_leaves") for t in trees] == [True, False, False]
+    assert expanded["first_samples"] == {Q[0]} and expanded["all_leaves"] >= {Q[0], q2[0]}
+    assert (q3[0] in expanded["all_leaves"]) is (selection == "entropy")
+    assert trees[1].stopped == {"iteration": 1, "reason": "first samples all correct"}
+    assert trees[2].stopped == {"iteration": 1, "reason": "first samples all wrong"}
+    assert len(trees[1].leaves()) == len(trees[2].leaves()) == 4 and not trees[1].backtracking
+
+
+def test_first_samples_filter_makes_no_expansion_call_when_every_question_is_dropped():
+    script = {Q: [comp([ANSWER, 11, EOS], [0.1, 0.3, 0.2])] * 4, (200,): [comp([12, EOS])] * 4}
+    engine = ScriptedEngine(script)
+    trees = build_trees(engine, [Q, (200,)], [correct] * 2, group_size=4, k=3, budget=8, filter="first_samples")
+    assert len(engine.calls) == 1 and not any(keep_tree(t, "first_samples") for t in trees)
+    # K = 0 is DAPO's group under either reading: nothing to stop
+    (tree,) = build_trees(ScriptedEngine(script), [Q], [correct], group_size=4, k=0, budget=8, filter="first_samples")
+    assert tree.stopped is None
+    with pytest.raises(BfspoError, match="unknown filter"):
+        build_trees(ScriptedEngine(script), [Q], [correct], group_size=4, k=1, budget=8, filter="leaves")
+
+
 def test_no_correct_answer_stops_bfs_but_not_no_bfs():
     script = {Q: [comp([10, 11, EOS], [0.1, 0.5, 0.2])] * 4, Q + (10,): [comp([12, EOS])] * 4}
     engine = ScriptedEngine(script)

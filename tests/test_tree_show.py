@@ -93,6 +93,10 @@ def records(*dicts):
     return [(d, SearchTree.from_dict(d)) for d in dicts]
 
 
+NONE_OF = {f"{stat}_{kind}": None for kind in ("all_correct", "all_wrong") for stat in (
+    "best_branch_advantage", "best_branch_dapo_advantage", "best_branch_negative", "other_correct_advantage")}
+
+
 def test_stats_of_a_hand_worked_tree(tmp_path, capsys):
     """logged_tree(): root children b (expanded; children s and n, both correct) and w (wrong).
     R(b) = 1, R(w) = -1, so A(b) = (1 - 0) / std(1, -1) = 1 / sqrt(2); below b both children are
@@ -103,16 +107,69 @@ def test_stats_of_a_hand_worked_tree(tmp_path, capsys):
     write_jsonl(run / "trees" / "step_00001.jsonl", [t.to_dict(decode)])
     stats = tree_stats(records(t.to_dict(decode)))
     assert stats.pop("wb_tokens") == [(" pieces", 1.0)]
+    mixed = {"best_branch_advantage": 2 ** -0.5, "best_branch_dapo_advantage": 2 ** -0.5,  # DAPO: s in (s, w)
+             "best_branch_negative": 0.0, "other_correct_advantage": None}
     assert stats == pytest.approx({
-        "trees": 1, "filtered": 0, "branching_nodes": 2, "equal_children": 0.5, "first_all_correct": 0.0,
-        "best_branch_advantage": 2 ** -0.5, "best_branch_dapo_advantage": 2 ** -0.5,  # DAPO: s in the group (s, w)
-        "other_correct_advantage": None, "initial_accuracy": 0.5, "expansion_accuracy": 1.0, "shortening": 1,
-        "wb_relative_depth": 0.5}, abs=1e-5)
+        "trees": 1, "filtered": 0, "trees_mixed": 1, "trees_all_correct": 0, "trees_all_wrong": 0,
+        "first_all_correct": 0.0, "branching_nodes": 2, "equal_children": 0.5,
+        **{f"{k}_mixed": v for k, v in mixed.items()}, **NONE_OF, **{f"{k}_all": v for k, v in mixed.items()},
+        "initial_accuracy": 0.5, "expansion_accuracy": 1.0, "shortening": 1, "wb_relative_depth": 0.5}, abs=1e-5)
     assert tree_stats(records(t.to_dict()))["wb_tokens"] == []  # logged without text
     assert main(["tree", "stats", str(run)]) == 0
     out = capsys.readouterr().out
-    assert "equal_children              0.500" in out and "best_branch_advantage       0.707" in out
-    assert "wb_tokens                   ' pieces' 100%" in out and "trees                       1\n" in out
+    assert "equal_children                           0.500" in out
+    assert "best_branch_advantage_mixed              0.707" in out and "best_branch_advantage_all_correct        -" in out
+    assert "wb_tokens                                ' pieces' 100%" in out
+    assert "trees                                    1\n" in out and "trees_all_correct                        0\n" in out
+
+
+def expanded_tree(first, expansion):
+    """G first answers of 5 tokens (correct flags `first`); the first one split after its first token
+    (w^b) and expanded with G answers (flags `expansion`) of 2 more tokens (3 in all: shorter than any
+    first answer); +-1 rewards, Eq. 9."""
+    t = SearchTree(prompt_ids=[50], budget=16)
+    ids = []
+    for ok in first:
+        ids.append(t.add_completion(None, [2, 3, 4, 5, 1], [-0.1] * 5, [0.1, 2.0, 0.1, 0.1, 0.1], True, 0))
+        t.segments[ids[-1]].leaf.correct = ok
+    b = t.split(ids[0], 0)
+    t.segments[b].ends_in_B = True
+    for ok in expansion:
+        n = t.add_completion(b, [9, 1], [-0.2] * 2, [0.3] * 2, True, 1)
+        t.segments[n].leaf.correct = ok
+    t.backtracking = [{"iteration": 1, "depth": 1, "path_length": 5, "entropy": 2.0, "leaf": ids[0], "segment": b}]
+    assign_rewards(t, overlong=False)
+    assign_advantages(t, "branch")
+    return t
+
+
+def test_stats_count_every_kind_of_first_group_by_hand():
+    """Issue 25: every kept tree counts, each kind of first group on its own line.
+    - mixed: logged_tree() above: A(best branch) = 1/sqrt 2, DAPO's Eq. 1 on (s, w) the same.
+    - all correct (G = 4), the first answer expanded with 4 answers, one wrong: the root's children
+      are worth 1, 1, 1 and r = (1 + 3 - 1) / 5 = 0.6; Eq. 9 gives the expanded branch
+      -(G - 1) / sqrt G = -1.5 and each sibling +1 / sqrt G = +0.5; DAPO drops the group: 0.
+    - all wrong (G = 2), rescued without BFS by one correct answer of 2 expansion answers: w^b's
+      children are -1, +1, -1 (mean -1/3), the root's -1/3 and -1: A = +1/sqrt 2; DAPO drops it: 0.
+    A tree whose first answers are all correct and whose expansions all succeed is filtered out."""
+    mixed = logged_tree()[0]
+    all_correct = expanded_tree([True] * 4, [True, True, False, True])
+    all_wrong = expanded_tree([False] * 2, [True, False])
+    useless = expanded_tree([True] * 4, [True] * 4)
+    stats = tree_stats(records(*[t.to_dict() for t in (mixed, all_correct, all_wrong, useless)]))
+    s2 = 2 ** -0.5
+    assert stats["best_branch_advantage_all_correct"] == pytest.approx(-1.5, rel=1e-5)
+    expected = {
+        "trees": 3, "filtered": 1, "trees_mixed": 1, "trees_all_correct": 1, "trees_all_wrong": 1,
+        "first_all_correct": 1 / 3,
+        "best_branch_advantage_mixed": s2, "best_branch_dapo_advantage_mixed": s2,
+        "best_branch_dapo_advantage_all_correct": 0.0, "best_branch_negative_all_correct": 1.0,
+        "other_correct_advantage_all_correct": 0.5,
+        "best_branch_advantage_all_wrong": s2, "best_branch_dapo_advantage_all_wrong": 0.0,
+        "best_branch_negative_all_wrong": 0.0, "other_correct_advantage_all_wrong": None,
+        "best_branch_advantage_all": (s2 - 1.5 + s2) / 3, "best_branch_dapo_advantage_all": s2 / 3,
+        "best_branch_negative_all": 1 / 3, "other_correct_advantage_all": 0.5}
+    assert {k: stats[k] for k in expected} == pytest.approx(expected, abs=1e-5)
 
 
 def test_stats_skip_filtered_trees_and_name_bad_paths(tmp_path, capsys):

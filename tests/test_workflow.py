@@ -20,6 +20,9 @@ import pandas as pd
 import pytest
 import yaml
 
+from bfspo.algorithm.advantages import keep_tree
+from bfspo.algorithm.tree import SearchTree
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -68,6 +71,7 @@ def write_config(tmp_path: Path, base: str, edit) -> Path:
 
 @pytest.mark.parametrize("configfile", [None, "config/test.yaml", "config/paper.yaml", "config/toy-seeds.yaml",
                                         "config/toy-study.yaml", "config/toy-study-hard.yaml",
+                                        "config/toy-breakdown.yaml", "config/toy-breakdown-hard.yaml",
                                         "config/toy-gpu.yaml"])
 def test_lint_is_clean(configfile):
     proc = snakemake("--lint", *(["--configfile", configfile] if configfile else []))
@@ -498,3 +502,88 @@ def test_the_harder_toy_study_runs_at_ci_size(tmp_path):
     text = (tables / "toy-study-hard.md").read_text()
     assert "Pairing checked" in text and "Tree statistics" in text and "MDD (80%)" in text
     assert (tmp_path / "results/figures/toy-study-hard/paired.png").is_file()
+
+
+def test_the_breakdown_study_plans_ten_paired_seeds_of_five_arms():
+    """config/toy-breakdown.yaml (issue 25): arms a-e, each run with its own batch reading and filter."""
+    out = dry_run("-p", "--configfile", "config/toy-breakdown.yaml")
+    counts = job_counts(out)
+    assert (counts["train"], counts["evaluate"], counts["table"]) == (50, 1 + 50, 1)
+    train = {re.search(r"wildcards: run=(\S+)", t).group(1): t for r, t in jobs(out) if r == "train"}
+    arms = ("dapo", "bfspo", "bfspo-first", "dapo-g32", "bfspo-4q")
+    assert set(train) == {f"toy-bd_toy_{m}_s{s}" for m in arms for s in range(10)}
+    settings = {m: train[f"toy-bd_toy_{m}_s0"] for m in arms}
+    assert all("--set steps=30" in t for t in settings.values())
+    assert "--set filter=all_leaves" in settings["bfspo"] and "--set filter=first_samples" in settings["bfspo-first"]
+    assert "--set group_size=32" in settings["dapo-g32"] and "--set k=0" in settings["dapo-g32"]
+    assert all(f"--set {s}" in settings["bfspo-4q"] for s in ("group_size=4", "train_batch=128", "mini_batch=64",
+                                                               "filter=first_samples", "k=3"))
+
+
+def test_a_contrast_must_name_the_tables_methods(tmp_path):
+    def edit(cfg):
+        cfg["tables"]["toy-breakdown"]["contrasts"].append({"method": "bfspo-k9", "baseline": "dapo"})
+
+    proc = snakemake("-n", "--nolock", "--configfile", str(write_config(tmp_path, "config/toy-breakdown.yaml", edit)))
+    assert proc.returncode != 0
+    assert "tables.toy-breakdown.contrasts[5]: 'bfspo-k9' is not one of the table's methods" in proc.stdout + proc.stderr
+
+
+def test_the_schemas_filters_are_the_algorithms():
+    from bfspo.algorithm.advantages import FILTERS
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    assert schema["$defs"]["train"]["properties"]["filter"]["enum"] == list(FILTERS)
+
+
+def breakdown_at_ci_size(cfg):
+    """The breakdown study at CI size: the test-size toy model, 2 seeds, 2 steps, 16 evaluation
+    questions, G = 4 and batches of 16 chains in mini-batches of 8; arm d G = 8 (one group per
+    optimizer step); arm e two 16-chain trees per batch and per optimizer step (the test model is
+    right 5% of the time, too rarely for G = 2 groups to mix); verl's oversampling of 3x, so that
+    groups of 4 from that model fill every batch."""
+    cfg["toy"].update(size="test", n_train=2000, n_rl=64, n_eval=16)
+    cfg["seeds"] = [0, 1]
+    cfg["wandb"]["report"] = False
+    cfg["train"].update(steps=2, group_size=4, train_batch=16, mini_batch=8, oversample=3.0)
+    cfg["methods"]["dapo-g32"]["train"].update(group_size=8)
+    cfg["methods"]["bfspo-4q"]["train"].update(group_size=4, train_batch=32, mini_batch=32)
+
+
+@pytest.mark.slow
+def test_the_breakdown_study_runs_at_ci_size(tmp_path):
+    """config/toy-breakdown.yaml from data generation to the contrast tables and the seed-band curves,
+    2 seeds x 5 arms of 2 steps: every batch full, and arm c's trees that fail the first-sample
+    filter never expanded."""
+    env = workflow_copy(tmp_path)
+    config = write_config(tmp_path, "config/toy-breakdown.yaml", breakdown_at_ci_size)
+    run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", str(config)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+
+    tables = tmp_path / "results/tables"
+    paired = pd.read_csv(tables / "toy-breakdown.csv")
+    assert len(paired) == 5 * (3 + 4) and (paired.n <= 2).all()
+    assert (paired[paired.what != "step time"].n == 2).all()  # the old log-probs have no timing of their own
+    assert set(zip(paired.method, paired.vs)) == {
+        ("BFS-PO", "DAPO"), ("BFS-PO (first samples)", "BFS-PO"), ("DAPO (G=32)", "DAPO"), ("BFS-PO", "DAPO (G=32)"),
+        ("BFS-PO (first samples, G=4, 4 trees/step)", "DAPO")}
+    text = (tables / "toy-breakdown.md").read_text()
+    assert text.count("\n### ") == 5 + 2 and "### c - b: the filter" in text and "trees_all_correct" in text
+    assert "### Against the zero-shot model" in text
+    figures = tmp_path / "results/figures/toy-breakdown"
+    assert (figures / "paired.png").is_file() and (figures / "seed_bands_toy-bd_toy.png").is_file()
+    runs = tmp_path / "results/runs"
+    for arm in ("dapo", "bfspo", "bfspo-first", "dapo-g32", "bfspo-4q"):
+        for seed in (0, 1):
+            rows = [json.loads(line) for line in (runs / f"toy-bd_toy_{arm}_s{seed}/metrics.jsonl").read_text().splitlines()]
+            assert [r["rollout/batch_full"] for r in rows] == [1, 1], (arm, seed)
+    config_c = json.loads((runs / "toy-bd_toy_bfspo-first_s0/config.json").read_text())
+    assert config_c["filter"] == "first_samples" and config_c["k"] == 3
+    trees = [SearchTree.from_dict(json.loads(line)) for seed in (0, 1)
+             for f in sorted((runs / f"toy-bd_toy_bfspo-first_s{seed}/trees").glob("*.jsonl"))
+             for line in f.read_text().splitlines()]
+    dropped = [t for t in trees if not keep_tree(t, "first_samples")]
+    assert all(len(t.leaves()) == 4 and not t.backtracking and t.stopped["reason"].startswith("first samples all")
+               for t in dropped)
+    assert any(t.backtracking for t in trees)

@@ -1,4 +1,5 @@
-"""Rewards and advantages on the search tree (Sec. 4.1, Appendix B) and the dynamic-sampling filter.
+"""Rewards and advantages on the search tree (Sec. 4.1, Appendix B) and the dynamic-sampling filter
+(Eq. 2's constraint, on all leaves or on the G first answers: `keep_tree`, `FILTERS`).
 
 * Leaf reward, Eq. 4 (with the soft overlong punishment of Eq. 3 unless `overlong=False`, the
   w/o R_l ablation): bfspo.algorithm.rewards.sequence_reward.
@@ -30,6 +31,8 @@ from bfspo.algorithm.tree import SearchTree
 
 EPS = 1e-6
 KINDS = ("branch", "global")
+# Readings of the dynamic-sampling filter (docs/algorithm.md, "Dynamic sampling"); the first is the default.
+FILTERS = ("all_leaves", "first_samples")
 
 
 def group_advantages(rewards: Sequence[float], eps: float = EPS) -> list[float]:
@@ -86,10 +89,24 @@ def assign_advantages(tree: SearchTree, kind: str = "branch", eps: float = EPS) 
     tree.advantage_kind = kind
 
 
-def keep_tree(tree: SearchTree) -> bool:
-    """Dynamic sampling (Eq. 2's constraint): keep iff 0 < #correct leaves < #leaves.
+def first_samples(tree: SearchTree) -> list[int]:
+    """Leaf ids of the G first answers (Alg. 1 line 2: the initial group, iteration 0)."""
+    return [i for i in tree.leaves() if tree.segments[i].iteration == 0]
 
-    At K = 0 this is exactly DAPO's 0 < |{o_i : v(o_i, a*) = 1}| < G. With +-1 rewards (no overlong
-    term) it is the same as "the leaf rewards are not all equal", i.e. the tree carries a signal.
+
+def keep_tree(tree: SearchTree, filter: str = "all_leaves") -> bool:
+    """Dynamic sampling (Eq. 2's constraint 0 < |{o_i : v(o_i, a*) = 1}| < G), in one of two readings:
+
+    * "all_leaves": keep iff 0 < #correct leaves < #leaves, over every leaf of the tree;
+    * "first_samples": keep iff 0 < #correct < G over the G first answers only (DAPO's group, before
+      any expansion). `build_trees(..., filter="first_samples")` applies the same test after line 2
+      and does not expand a tree that fails it.
+
+    At K = 0 both are exactly DAPO's constraint. With +-1 rewards (no overlong term) "all_leaves" is
+    the same as "the leaf rewards are not all equal", i.e. the tree carries a signal.
     """
-    return 0 < tree.n_correct < len(tree.leaves())
+    if filter not in FILTERS:
+        raise BfspoError(f"unknown filter {filter!r}; expected one of {FILTERS}")
+    leaves = tree.leaves() if filter == "all_leaves" else first_samples(tree)
+    correct = sum(tree.segments[i].leaf.correct for i in leaves)
+    return 0 < correct < len(leaves)

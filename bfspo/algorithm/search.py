@@ -12,6 +12,9 @@ Conventions (docs/algorithm.md):
 * Selection, "bfs": the shortest correct complete path, ties to the earliest created leaf. A tree
   with no correct path stops expanding (there is no best solution to refine; such a tree is
   dropped later by the dynamic-sampling filter anyway, unless an earlier expansion made it useful).
+* The dynamic-sampling filter read on the first samples (`filter="first_samples"`): a tree whose G
+  first answers are all correct or all wrong fails DAPO's constraint before any expansion
+  (`keep_tree(tree, "first_samples")`) and is not expanded; no engine call is spent on it.
 * Selection, "entropy" (the no_bfs ablation, Eq. 11): line 5 is removed; the backtracking token is
   the highest-entropy unused token of the whole tree.
 * Candidates for w^b: tokens not in B (tree nodes, not token ids), with a known entropy after them
@@ -29,6 +32,7 @@ import math
 from typing import Callable, Sequence
 
 from bfspo.errors import BfspoError
+from bfspo.algorithm.advantages import FILTERS, keep_tree
 from bfspo.algorithm.tree import SearchTree, best_leaf
 
 SELECTIONS = ("bfs", "entropy")
@@ -95,16 +99,20 @@ def add_completions(tree: SearchTree, parent: int | None, completions: Sequence,
 
 def build_trees(engine, prompts: Sequence[Sequence[int]], scorers: Sequence[Scorer], *, group_size: int, k: int,
                 budget: int, selection: str = "bfs", temperature: float = 1.0, top_p: float = 1.0,
-                seed: int | None = None) -> list[SearchTree]:
+                seed: int | None = None, filter: str = "all_leaves") -> list[SearchTree]:
     """Algorithm 1 for every prompt at once: one tree per prompt, K+1 batched engine calls at most.
 
     `scorers[i](path_token_ids) -> bool` is the verifier v(o, a*) of question i, called with the
     generated tokens of each new complete path. `engine` follows bfspo.rollout.base.RolloutEngine.
+    With `filter="first_samples"`, a tree that fails the filter on its G first answers is not
+    expanded (`stopped` names the filter); "all_leaves" expands every tree and filters afterwards.
     """
     if group_size < 1 or k < 0 or budget < 1:
         raise BfspoError(f"need group_size >= 1, k >= 0 and budget >= 1, got {group_size}, {k}, {budget}")
     if selection not in SELECTIONS:
         raise BfspoError(f"unknown selection {selection!r}; expected one of {SELECTIONS}")
+    if filter not in FILTERS:
+        raise BfspoError(f"unknown filter {filter!r}; expected one of {FILTERS}")
     if len(scorers) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(scorers)} scorers")
     trees = [SearchTree(prompt_ids=list(p), budget=budget) for p in prompts]
@@ -121,6 +129,8 @@ def build_trees(engine, prompts: Sequence[Sequence[int]], scorers: Sequence[Scor
     # Line 2: the initial group of G answers per question.
     for tree, score, comps in zip(trees, scorers, sample([t.prompt_ids for t in trees], budget, 0)):
         add_completions(tree, None, comps, 0, score)
+        if k > 0 and filter == "first_samples" and not keep_tree(tree, filter):
+            tree.stopped = {"iteration": 1, "reason": "first samples all " + ("correct" if tree.n_correct else "wrong")}
 
     for it in range(1, k + 1):
         todo = []

@@ -104,6 +104,9 @@ def reference_errors(config: dict) -> list[str]:
         for i, col in enumerate(spec["columns"]):
             known("train_sets", col["train_set"], f"tables.{table}.columns[{i}]")
             known("benchmarks", col["benchmark"], f"tables.{table}.columns[{i}]")
+        for i, c in enumerate(spec.get("contrasts", [])):
+            errors += [f"tables.{table}.contrasts[{i}]: '{c[k]}' is not one of the table's methods"
+                       for k in ("method", "baseline") if c[k] not in spec["methods"]]
     for name, model in config["models"].items():
         if model["size"] not in config["resources"]:
             errors.append(
@@ -255,6 +258,7 @@ class Matrix:
                 ],
                 paper_tables=spec.get("paper_tables", []),
                 reported=spec.get("reported"),
+                contrasts=spec.get("contrasts"),
             ),
             separators=(",", ":"),
         )

@@ -17,9 +17,13 @@
                                    relative to its path's length (so methods with more trees
                                    compare), from the runs' trees/*.jsonl ("backtracking" records
                                    of SearchTree.to_dict);
-  paired                           (the `paired` layout only) each method minus the first, seed by
-                                   seed, with the paired table's mean and 95% interval, per column
-                                   and metric, and the step-time ratio (bfspo/reporting/paired.py).
+  paired                           (the `paired` layout only) each contrast (by default each method
+                                   minus the first), seed by seed, with the paired table's mean and
+                                   95% interval, per column and metric, and the step-time ratio
+                                   (bfspo/reporting/paired.py);
+  seed_bands_<model>_<train set>   (the `paired` layout only) first-sample accuracy and length
+                                   against step, one line per method: each seed's EMA, then the
+                                   mean over seeds with its 95% t-interval as a band.
 
 Every method has one colour in every figure (bfspo.reporting.style.method_colour).
 
@@ -44,6 +48,9 @@ from bfspo.reporting.summaries import ZERO_SHOT, aggregate, load_reported, load_
 
 CURVES = [("rollout/reward_mean", "reward"), ("rollout/accuracy", "accuracy (first samples)"),
           ("rollout/len_mean", "mean length (tokens)")]
+# The paired layout's learning curves with seed bands: every generated tree's G first samples
+BAND_CURVES = [("rollout/accuracy", "accuracy of the first samples", (0.0, 1.0)),
+               ("rollout/len_mean", "mean length of the first samples (tokens)", (0.0, None))]
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
@@ -214,52 +221,113 @@ def curve_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     return paths
 
 
+def seed_band_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """BAND_CURVES against step, one line per method: each seed's curve smoothed by the EMA
+    (bfspo.reporting.style), then the mean over seeds and its 95% t-interval
+    (bfspo.reporting.paired.seed_band), drawn within the metric's range with its edges dotted; a
+    faint line is the raw mean over seeds."""
+    from matplotlib.ticker import MaxNLocator
+
+    from bfspo.reporting.paired import seed_band
+
+    plt = _pyplot()
+    labels, colours = _method_labels(spec), _colours(spec)
+    model_labels, train_labels = _labels_of(spec)
+    paths = []
+    for (model, train_set), group in runs.groupby(["model", "train_set"], sort=False):
+        fig, axes = plt.subplots(1, len(BAND_CURVES), figsize=(6 * len(BAND_CURVES), 4), squeeze=False)
+        drawn = False
+        for method in [m["key"] for m in spec["methods"]]:
+            frames = [f for f in (load_metrics(d) for d in group[group.method == method].dir) if len(f) and "step" in f]
+            for ax, (key, _, (low, high)) in zip(axes[0], BAND_CURVES):
+                if not any(key in f.columns for f in frames):
+                    continue
+                raw, smooth = _seed_curves(frames, key)
+                band, colour = seed_band(smooth), colours[method]
+                ax.plot(raw.index, raw.mean(axis=1), color=colour, alpha=0.25, lw=0.8)
+                ax.plot(band.index, band["mean"], color=colour, lw=1.8, label=f"{labels[method]} ({raw.shape[1]} seeds)")
+                edges = (band.low.clip(low, high), band.high.clip(low, high))
+                ax.fill_between(band.index, *edges, color=colour, alpha=BAND_ALPHA, lw=0)
+                for edge in edges:
+                    ax.plot(band.index, edge, color=colour, lw=0.6, alpha=0.6, ls=":")
+                drawn = True
+        if not drawn:
+            plt.close(fig)
+            print(f"no metrics.jsonl for {model} / {train_set}: no seed-band curves", file=sys.stderr)
+            continue
+        for ax, (_, name, _) in zip(axes[0], BAND_CURVES):
+            ax.set_xlabel("training step")
+            ax.set_ylabel(name)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+        handles, names = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(3, len(names)), fontsize=8,
+                   frameon=False)
+        fig.suptitle(f"{model_labels.get(model, model)}, trained on {train_labels.get(train_set, train_set)}: "
+                     f"mean over seeds of each seed's EMA (alpha {EMA_ALPHA}), band: 95% t-interval over seeds; "
+                     "faint: raw mean", fontsize=9)
+        fig.tight_layout()
+        paths += _save(fig, out_dir, f"seed_bands_{model}_{train_set}")
+    return paths
+
+
 def paired_figures(spec: dict, summaries: pd.DataFrame, runs_dir: Path, out_dir: Path) -> list[Path]:
     """The `paired` layout's figure: per panel (column x metric, and the step-time ratio), each
-    seed's difference from the first method (dots) and the paired table's mean with its 95%
-    interval (bar), one colour per method (bfspo/reporting/paired.py). Each panel's axis names its
-    unit; the legend sits below the panels, where it hides no point."""
+    seed's difference for each contrast (dots) and the paired table's mean with its 95% interval
+    (bar), in the colour of the contrast's method (bfspo/reporting/paired.py); with the table's own
+    `contrasts`, each is also named under its bar (a method may be in several). Each panel's axis
+    names its unit; the legend sits below the panels, where it hides no point."""
     from matplotlib.lines import Line2D
 
-    from bfspo.reporting.paired import METRICS, paired_table, per_seed
+    from bfspo.reporting.paired import METRICS, contrasts, paired_table, per_seed
 
     seeds, _ = per_seed(spec, score(summaries), runs_dir)
     table = paired_table(spec, seeds)
-    base, colours = spec["methods"][0], _colours(spec)
+    colours, labels = _colours(spec), {m["key"]: m["label"] for m in spec["methods"]}
+    pairs, named = contrasts(spec), bool(spec.get("contrasts"))
     panels = [(c, m) for c in spec["columns"] for m in METRICS] + [(None, None)]
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.4))
-    b = seeds[seeds.method == base["key"]].set_index("seed")
     for ax, (col, metric) in zip(axes, panels):
-        for i, method in enumerate(spec["methods"][1:]):
-            o = seeds[seeds.method == method["key"]].set_index("seed")
+        for i, pair in enumerate(pairs):
+            b = seeds[seeds.method == pair["baseline"]].set_index("seed")
+            o = seeds[seeds.method == pair["method"]].set_index("seed")
+            mine = (table.method == labels[pair["method"]]) & (table.vs == labels[pair["baseline"]])
             if col is None:
-                values, row = b.step_s / o.step_s, table[(table.method == method["label"]) & (table.metric == "step ratio")]
+                values, row = b.step_s / o.step_s, table[mine & (table.metric == "step ratio")]
                 ax.axhline(1, color="grey", lw=0.8)
             else:
                 key = f"{metric[0]}_{col['benchmark']}"
                 values = o[key] - b[key]
-                row = table[(table.method == method["label"]) & (table.metric == metric[1])
-                            & (table.what == f"{col['label']} ({col.get('domain', '')})")]
+                row = table[mine & (table.metric == metric[1]) & (table.what == f"{col['label']} ({col.get('domain', '')})")]
                 ax.axhline(0, color="grey", lw=0.8)
             values = values.dropna()
-            ax.scatter([i + 0.15] * len(values), values, s=10, color=colours[method["key"]], alpha=0.6)
+            ax.scatter([i + 0.15] * len(values), values, s=10, color=colours[pair["method"]], alpha=0.6)
             if len(row):
                 r = row.iloc[0]
                 ax.errorbar([i], [r["diff"]], yerr=[[r["diff"] - r.ci_low], [r.ci_high - r["diff"]]], fmt="o",
-                            color=colours[method["key"]], capsize=3)
-        ax.set_xticks([])
-        ax.set_xlim(-0.5, len(spec["methods"]) - 1.5)
+                            color=colours[pair["method"]], capsize=3)
+        if named:
+            ax.set_xticks(range(len(pairs)), [p["label"].split(":")[0] for p in pairs], fontsize=7, rotation=90)
+        else:
+            ax.set_xticks([])
+        ax.set_xlim(-0.5, len(pairs) - 0.5)
         ax.set_title("step time" if col is None else f"{col['label']}\n{metric[1]}", fontsize=8)
         ax.set_ylabel(PAIRED_UNITS["step" if col is None else metric[0]], fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    handles = [Line2D([], [], color=colours[m["key"]], marker="o", lw=1.5, label=f"{m['label']}: mean, 95% interval")
-               for m in spec["methods"][1:]]
+    handles = [Line2D([], [], color=colours[p["method"]], marker="o", lw=1.5,
+                      label=p["label"] if named else f"{labels[p['method']]}: mean, 95% interval") for p in pairs]
     handles.append(Line2D([], [], color="grey", marker="o", ls="", ms=3, alpha=0.6, label="one seed's difference"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
-    fig.suptitle(f"{spec['title']}: each method minus {base['label']}, seed by seed (paired)", fontsize=9)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    if named:  # long labels, one per line, below the figure (the saved figure's box takes them in)
+        fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=1, fontsize=7, frameon=False)
+        fig.suptitle(f"{spec['title']}: each contrast, seed by seed (paired)", fontsize=9)
+        fig.tight_layout()
+    else:
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
+        fig.suptitle(f"{spec['title']}: each method minus {spec['methods'][0]['label']}, seed by seed (paired)",
+                     fontsize=9)
+        fig.tight_layout(rect=(0, 0.08, 1, 1))
     return _save(fig, out_dir, "paired")
 
 
@@ -345,6 +413,7 @@ def run(args) -> int:
     paths += backtracking_figures(spec, runs, args.out_dir)
     if spec["layout"] == "paired":
         paths += paired_figures(spec, summaries, args.runs_dir, args.out_dir)
+        paths += seed_band_figures(spec, runs, args.out_dir)
     for path in paths:
         print(path)
     return 0

@@ -1,4 +1,5 @@
-"""The `paired` table layout (issue 17): every method of a table against the first, seed by seed.
+"""The `paired` table layout (issue 17): every method of a table against the first, seed by seed,
+or the table's `contrasts` (issue 25: each a method against a baseline of the same table).
 
 Seed s of every method starts from the same model, reads the training questions in the same
 seeded order (`Trainer.next_questions`: the permutation depends on the seed and the epoch only)
@@ -8,8 +9,9 @@ difference cancels what the seeds share. `check_pairing` verifies it from the ru
 the same model, training data and seed in config.json, and question orders of which the shorter
 is a prefix of the longer (the question ids of the logged trees, in the order they were drawn).
 
-For each method after the first (the baseline), each column and each metric (accuracy, average
-length, AES), with d_s = method - baseline on seed s (n seeds):
+For each contrast (by default: each method after the first against the first, the baseline),
+each column and each metric (accuracy, average length, AES), with d_s = method - baseline on seed s
+(n seeds):
 - the mean of d_s, and its 95% interval: the percentile bootstrap over seeds of the mean of d_s
   (resampling seeds keeps each pair together: the paired bootstrap);
 - the minimal detectable difference, MDD = (z_{1-alpha/2} + z_{power}) * sd(d) / sqrt(n): the
@@ -24,6 +26,8 @@ the update and their sum (`timing/` of metrics.jsonl); its geometric mean over s
 interval and MDD computed on the log ratios and mapped back (an MDD of 1.10 means a ratio off 1 by
 10%). The methods train on the same number of chains per batch (config `train_batch`).
 Beside the verdict, the tree statistics of `bfspo tree stats` over all seeds of each method.
+Learning curves (`seed_band`): per step, the mean over seeds of a metric of metrics.jsonl and its
+95% t-interval, mean +- t_{0.975, n-1} * sd / sqrt(n) (`t_quantile`).
 """
 
 from __future__ import annotations
@@ -44,8 +48,11 @@ from bfspo.reporting.tree_stats import read_trees, tree_files, tree_stats
 METRICS = [("acc", "Acc.", 1, True), ("avg_len", "Avg. Len.", 1, False), ("aes", "AES", 2, True)]
 TIMINGS = [("rollout", "timing/rollout_s"), ("old_logprobs", "timing/old_logprobs_s"), ("update", "timing/update_s")]
 BEATS, LOSES, MATCHES = "beats", "loses", "matches"
-TREE_COLUMNS = ["trees", "first_all_correct", "initial_accuracy", "expansion_accuracy", "equal_children",
-                "shortening", "best_branch_advantage", "best_branch_dapo_advantage", "other_correct_advantage"]
+TREE_COLUMNS = ["trees", "trees_mixed", "trees_all_correct", "trees_all_wrong", "initial_accuracy",
+                "expansion_accuracy", "equal_children", "shortening",
+                *[f"{stat}_{kind}" for kind in ("mixed", "all_correct", "all_wrong", "all")
+                  for stat in ("best_branch_advantage", "best_branch_dapo_advantage", "best_branch_negative")],
+                "other_correct_advantage_mixed"]
 N_RESAMPLES = 10000
 
 
@@ -93,6 +100,42 @@ def ratio_summary(ratios, n_resamples: int = N_RESAMPLES, seed: int = 0) -> dict
         raise BfspoError(f"step-time ratios must be positive, got {r.tolist()}")
     s = paired_summary(np.log(r), higher_is_better=True, n_resamples=n_resamples, seed=seed)
     return s | {k: math.exp(s[k]) for k in ("diff", "ci_low", "ci_high", "mdd") if not math.isnan(s[k])}
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile (p in (0.5, 1)) of Student's t with `df` >= 1 degrees of freedom: bisection on
+    P(|T| <= t) = 2p - 1, in the closed forms for integer df (Abramowitz & Stegun 26.7.3-4)."""
+    if not (0.5 < p < 1 and df >= 1):
+        raise BfspoError(f"t_quantile needs p in (0.5, 1) and df >= 1, got {p} and {df}")
+
+    def central(t: float) -> float:  # P(|T| <= t)
+        theta = math.atan(t / math.sqrt(df))
+        c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
+        for j in range(2 if df % 2 == 0 else 3, df - 1, 2):  # 1 + (1/2) c^2 + (1.3)/(2.4) c^4 + ...
+            term *= c2 * (j - 1) / j
+            total += term
+        if df % 2 == 0:
+            return math.sin(theta) * total
+        return 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0))
+
+    lo, hi = 0.0, 1.0
+    while central(hi) < 2 * p - 1:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if central(mid) < 2 * p - 1 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def seed_band(curves: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Per row (a step) of `curves` (one column per seed; NaN where a seed has no value): the mean
+    over seeds, the number of seeds, and the t-interval mean +- t_{(1+level)/2, n-1} * sd / sqrt(n)
+    (NaN with fewer than two seeds)."""
+    n = curves.notna().sum(axis=1)
+    mean, sd = curves.mean(axis=1), curves.std(axis=1, ddof=1)
+    half = pd.Series([t_quantile((1 + level) / 2, int(k) - 1) if k > 1 else math.nan for k in n], index=curves.index)
+    half = half * sd / np.sqrt(n)
+    return pd.DataFrame({"mean": mean, "low": mean - half, "high": mean + half, "n": n})
 
 
 # ---- the runs ---------------------------------------------------------------------------------------
@@ -161,27 +204,48 @@ def per_seed(spec: dict, scored: pd.DataFrame, runs_dir: Path) -> tuple[pd.DataF
     return pd.DataFrame(rows), trees
 
 
+def contrasts(spec: dict) -> list[dict]:
+    """The table's contrasts, each {method, baseline, label} (method keys): the spec's `contrasts`, or
+    by default each method after the first against the first. A name that is not one of the table's
+    methods, or a method against itself, is an error."""
+    keys = [m["key"] for m in spec["methods"]]
+    given = spec.get("contrasts") or [dict(method=m, baseline=keys[0]) for m in keys[1:]]
+    labels = {m["key"]: m["label"] for m in spec["methods"]}
+    out = []
+    for c in given:
+        unknown = [c[k] for k in ("method", "baseline") if c[k] not in keys]
+        if unknown or c["method"] == c["baseline"]:
+            raise BfspoError(f"table {spec.get('name')}: contrast {c['method']} - {c['baseline']}: "
+                             + (f"{', '.join(unknown)} not among the table's methods ({', '.join(keys)})" if unknown
+                                else "a method against itself"))
+        out.append(dict(method=c["method"], baseline=c["baseline"],
+                        label=c.get("label") or f"{labels[c['method']]} - {labels[c['baseline']]}"))
+    return out
+
+
 def paired_table(spec: dict, seeds: pd.DataFrame) -> pd.DataFrame:
-    """One row per (method after the first, column or timing, metric): the two means, the paired
-    difference (or ratio), its interval, the MDD, the number of pairs and the verdict."""
-    base_key, labels = spec["methods"][0]["key"], {m["key"]: m["label"] for m in spec["methods"]}
-    base = seeds[seeds.method == base_key].set_index("seed")
+    """One row per (contrast, column or timing, metric): the method, the baseline it is compared with
+    (`vs`), the two means, the paired difference (or ratio), its interval, the MDD, the number of
+    pairs and the verdict."""
+    labels = {m["key"]: m["label"] for m in spec["methods"]}
     rows = []
-    for method in (m["key"] for m in spec["methods"][1:]):
-        other = seeds[seeds.method == method].set_index("seed")
+    for contrast in contrasts(spec):
+        method, vs = labels[contrast["method"]], labels[contrast["baseline"]]
+        base = seeds[seeds.method == contrast["baseline"]].set_index("seed")
+        other = seeds[seeds.method == contrast["method"]].set_index("seed")
         common = base.index.intersection(other.index)
         for col in spec["columns"]:
             for metric, name, _, better in METRICS:
                 key = f"{metric}_{col['benchmark']}"
                 d = other.loc[common, key] - base.loc[common, key]
-                rows.append(dict(method=labels[method], what=f"{col['label']} ({col.get('domain', '')})", metric=name,
+                rows.append(dict(method=method, vs=vs, what=f"{col['label']} ({col.get('domain', '')})", metric=name,
                                  baseline=base.loc[common, key].mean(), value=other.loc[common, key].mean(),
                                  **paired_summary(d.to_numpy(), better)))
         for part in [name for name, _ in TIMINGS] + ["step"]:
             key = f"{part}_s"
             b, o = base.loc[common, key], other.loc[common, key]
             ratio = (b / o).where((b > 0) & (o > 0))  # a run without updates has no update time
-            rows.append(dict(method=labels[method], what="step time", metric=f"{part} ratio",
+            rows.append(dict(method=method, vs=vs, what="step time", metric=f"{part} ratio",
                              baseline=base.loc[common, key].median(), value=other.loc[common, key].median(),
                              **ratio_summary(ratio.to_numpy())))
     return pd.DataFrame(rows)
@@ -192,15 +256,17 @@ def _fmt(x: float, digits: int) -> str:
 
 
 def format_paired(spec: dict, table: pd.DataFrame) -> pd.DataFrame:
-    """The paired table as the Markdown shows it."""
-    base_label = spec["methods"][0]["label"]
+    """The paired table as the Markdown shows it. When the rows share one baseline its mean is headed
+    by its label; otherwise each row names its contrast ("method vs baseline")."""
+    vs = table.vs.unique() if len(table) else [spec["methods"][0]["label"]]
+    base_label = vs[0] if len(vs) == 1 else "Baseline mean"
     digits = {name: d for _, name, d, _ in METRICS}
     out = []
     for r in table.itertuples():
         timing = r.what == "step time"
         d = 2 if timing else digits[r.metric]
         out.append({
-            "Method": r.method, "Column": r.what, "Metric": r.metric,
+            "Method": r.method if len(vs) == 1 else f"{r.method} vs {r.vs}", "Column": r.what, "Metric": r.metric,
             base_label: _fmt(r.baseline, d) + (" s" if timing else ""),
             "Method mean": _fmt(r.value, d) + (" s" if timing else ""),
             "Difference": (f"{_fmt(r.diff, 2)}x" if timing else f"{r.diff:+.{d}f}"),
@@ -213,16 +279,47 @@ def format_paired(spec: dict, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def format_trees(spec: dict, trees: dict, seeds: pd.DataFrame) -> pd.DataFrame:
+    """The tree statistics of each method (a column each), one statistic per row."""
     labels = {m["key"]: m["label"] for m in spec["methods"]}
-    rows = []
+    columns = {}
     for method, stats in trees.items():
-        row = {"Method": labels[method],
-               "questions drawn per run": _fmt(float(seeds[seeds.method == method].questions_drawn.mean()), 0)}
+        column = {"questions drawn per run": _fmt(float(seeds[seeds.method == method].questions_drawn.mean()), 0)}
         for key in TREE_COLUMNS:
             value = stats[key]
-            row[key] = str(value) if key == "trees" else _fmt(math.nan if value is None else value, 3)
-        rows.append(row)
+            column[key] = str(value) if key.startswith("trees") else _fmt(math.nan if value is None else value, 3)
+        columns[labels[method]] = column
+    return pd.DataFrame(columns).rename_axis("statistic").reset_index()
+
+
+def against_zero_shot(spec: dict, seeds: pd.DataFrame, zero: pd.DataFrame) -> pd.DataFrame:
+    """Each method's accuracy per column against the zero-shot model's (one greedy number, no seeds):
+    the mean over seeds, its 95% t-interval, and the verdict of that interval against the number."""
+    rows = []
+    for col in spec["columns"]:
+        z = zero[zero.benchmark == col["benchmark"]]
+        if not len(z):
+            continue
+        z_acc = float(z.acc.iloc[0])
+        for m in spec["methods"]:
+            band = seed_band(seeds[seeds.method == m["key"]][[f"acc_{col['benchmark']}"]].T).iloc[0]
+            rows.append({"Method": m["label"], "Column": f"{col['label']} ({col.get('domain', '')})",
+                         "Acc.": _fmt(band["mean"], 1), "95% t-interval": f"[{_fmt(band.low, 1)}, {_fmt(band.high, 1)}]",
+                         "Zero-shot": _fmt(z_acc, 1), "Seeds": str(int(band.n)),
+                         "Verdict": "-" if math.isnan(band.low) else verdict(band.low - z_acc, band.high - z_acc, True)})
     return pd.DataFrame(rows)
+
+
+def _contrast_sections(spec: dict, table: pd.DataFrame) -> str:
+    """The paired table as Markdown: one table, or one section per contrast when the spec sets them."""
+    if not spec.get("contrasts"):
+        return format_paired(spec, table).to_markdown(index=False, disable_numparse=True)
+    sections = []
+    for c in contrasts(spec):
+        labels = {m["key"]: m["label"] for m in spec["methods"]}
+        rows = table[(table.method == labels[c["method"]]) & (table.vs == labels[c["baseline"]])]
+        sections.append(f"### {c['label']}\n\n{labels[c['method']]} minus {labels[c['baseline']]}.\n\n"
+                        + format_paired(spec, rows).to_markdown(index=False, disable_numparse=True))
+    return "\n\n".join(sections)
 
 
 def write_paired(spec: dict, scored: pd.DataFrame, runs_dir: str | Path, out_dir: str | Path) -> list[Path]:
@@ -235,14 +332,14 @@ def write_paired(spec: dict, scored: pd.DataFrame, runs_dir: str | Path, out_dir
     shown = format_paired(spec, table)
     out = Path(out_dir)
     paths = [out / f"{spec['name']}.{ext}" for ext in ("csv", "md", "tex")] + [out / f"{spec['name']}_seeds.csv"]
-    base = spec["methods"][0]["label"]
+    base = "the contrast's baseline" if spec.get("contrasts") else spec["methods"][0]["label"]
     zero = scored[scored.method == "zero-shot"]
     zero_text = "; ".join(f"{c['label']}: {r.acc:.1f}% with {r.avg_len:.0f} tokens" for c in spec["columns"]
                           for r in zero[zero.benchmark == c["benchmark"]].itertuples())
     atomic_write_text(paths[3], seeds.to_csv(index=False))
     atomic_write_text(paths[0], table.to_csv(index=False))
     atomic_write_text(paths[1], (
-        f"## {spec['title']}\n\n{shown.to_markdown(index=False, disable_numparse=True)}\n\n"
+        f"## {spec['title']}\n\n{_contrast_sections(spec, table)}\n\n"
         f"Difference: method minus {base}, mean over the seeds both ran (paired); the interval is the "
         f"percentile bootstrap over seeds ({N_RESAMPLES} resamples) of that mean. Step time: {base}'s median "
         "step time over the method's, per seed (> 1: the method is faster), geometric mean over seeds. "
@@ -251,6 +348,8 @@ def write_paired(spec: dict, scored: pd.DataFrame, runs_dir: str | Path, out_dir
         "excludes 0 (a ratio of 1) on the method's better / worse side, matches when it does not. "
         f"Pairing checked: per seed, the same model, training data and seed, and one question order. "
         f"Zero-shot (greedy, the AES baseline): {zero_text}.\n\n"
+        f"### Against the zero-shot model (accuracy, mean over seeds and its 95% t-interval)\n\n"
+        f"{against_zero_shot(spec, seeds, zero).to_markdown(index=False, disable_numparse=True)}\n\n"
         f"### Tree statistics (`bfspo tree stats` over all seeds of each method)\n\n"
         f"{format_trees(spec, trees, seeds).to_markdown(index=False, disable_numparse=True)}\n"))
     atomic_write_text(paths[2], shown.map(latex_escape).rename(columns=latex_escape).style.hide(axis="index").to_latex(

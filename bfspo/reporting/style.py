@@ -25,6 +25,10 @@ METHOD_COLOURS = {
     "global-adv": "#bcbd22",  # olive
     "no-overlong": "#e377c2",  # pink
     "bfspo-prompts": "#2ca02c",  # green
+    # the breakdown study's arms (issue 25), drawn with dapo and bfspo
+    "bfspo-first": "#17becf",  # cyan
+    "dapo-g32": "#393b79",  # navy: a DAPO
+    "bfspo-4q": "#7b4173",  # plum
 }
 # the colours left for other keys: tab20's dark shades that no shipped key uses, then its light ones
 PALETTE = [c for c in map(colors.to_hex, colormaps["tab20"].colors[0::2] + colormaps["tab20"].colors[1::2])

@@ -1,20 +1,33 @@
 """Where the training signal of logged search trees goes: `bfspo tree stats RUN_DIR|FILE ...`.
 
-These are the numbers to look at when BFS-PO does not shorten answers as expected (issue 6). Over
-the logged trees (SearchTree.to_dict lines, as the trainer writes to trees/step_*.jsonl) that
-dynamic sampling kept for training (`bfspo.algorithm.advantages.keep_tree`; `filtered` counts the others):
+These are the numbers to look at when BFS-PO does not shorten answers as expected (issue 6) or
+loses accuracy (issue 25). Over the logged trees (SearchTree.to_dict lines, as the trainer writes
+to trees/step_*.jsonl) that dynamic sampling kept for training (`keep_tree` on all leaves;
+`filtered` counts the others). A run trained with `filter: first_samples` never expands a tree whose
+first answers fail the filter, so its trees are kept or dropped alike by both readings.
+
+Every kept tree counts, whatever its first group (the G first samples, Alg. 1 line 2) was:
+`trees_mixed` (some right, some wrong: DAPO trains on it too), `trees_all_correct` (DAPO drops it;
+the all-leaves filter keeps it when an expansion answer failed) and `trees_all_wrong` (DAPO drops it;
+kept only when an expansion rescued it, which needs a correct path to expand from, so only
+without BFS selection). `first_all_correct` is the share of the second kind.
 
 - `equal_children`: the share of branching nodes (the root and every w^b) whose children all have
   the same reward. Then sigma = 0 and every branch of S(b) gets advantage 0 (Eq. 9), however much
   the lengths of its correct answers differ, unless the overlong term separates them.
-- `first_all_correct`: the share of trees whose G first samples (Alg. 1 line 2) were all correct.
-  DAPO would have dropped them; BFS-PO keeps them when an expansion leaf failed.
-- For the trees whose first samples were mixed, where DAPO and BFS-PO both train: the Eq. 9
-  advantage of the root branch that leads to the final shortest correct answer, when BFS expanded
-  it (`best_branch_advantage`); the Eq. 1 advantage DAPO gives that branch's first sample in the
-  group of the G first samples (`best_branch_dapo_advantage`); and the Eq. 9 advantage of the
-  correct root chains that were not expanded (`other_correct_advantage`). An expanded branch is
-  worth the mean of its sub-tree (Eq. 8), an unexpanded correct chain its own reward.
+- For each kind KIND of tree (`_mixed`, `_all_correct`, `_all_wrong`) and over all of them (`_all`),
+  about the root branch that leads to the final shortest correct answer, when the search expanded
+  it (the best answer's prefix):
+  - `best_branch_advantage_KIND`: its Eq. 9 advantage. An expanded branch is worth the mean of its
+    sub-tree (Eq. 8), so every failed continuation below it lowers it. With all G first answers
+    correct and +-1 rewards it is -(G - 1) / sqrt(G) (-2.47 at G = 8) as soon as one expansion
+    answer fails, whatever the rest: the siblings tie at 1, the branch is below them.
+  - `best_branch_dapo_advantage_KIND`: what DAPO trains the same first sample with: Eq. 1 in the
+    group of the G first samples when DAPO's constraint keeps that group (mixed), 0 when it drops it
+    (all correct, all wrong).
+  - `best_branch_negative_KIND`: the share of those branches with a negative Eq. 9 advantage.
+  - `other_correct_advantage_KIND`: the Eq. 9 advantage of the correct root chains that were not
+    expanded (worth their own reward).
 - `initial_accuracy`, `expansion_accuracy`: the share of correct leaves among the G first samples
   and among the leaves sampled by expansions.
 - `shortening`: how many tokens shorter the final best answer is than the shortest correct
@@ -30,18 +43,46 @@ from pathlib import Path
 from statistics import mean
 from typing import Iterable, Iterator
 
-from bfspo.algorithm.advantages import group_advantages, keep_tree
+from bfspo.algorithm.advantages import first_samples, group_advantages, keep_tree
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl
 from bfspo.algorithm.tree import SearchTree
+
+# The kinds of kept tree, by their G first samples
+KINDS = ("mixed", "all_correct", "all_wrong")
+
+
+def first_group_kind(tree: SearchTree) -> str:
+    """'mixed', 'all_correct' or 'all_wrong': the G first samples of the tree (Alg. 1 line 2)."""
+    correct = [tree.segments[i].leaf.correct for i in first_samples(tree)]
+    return "mixed" if keep_tree(tree, "first_samples") else "all_correct" if all(correct) else "all_wrong"
+
+
+def best_branch(tree: SearchTree, best_leaf: int) -> dict | None:
+    """The root branch that leads to the best answer, if the search expanded it: its Eq. 9 advantage,
+    what DAPO gives the same first sample (Eq. 1 in the first group where DAPO keeps the group, else
+    0), and the Eq. 9 advantages of the correct root chains that were not expanded."""
+    segs = tree.segments
+    root = tree.path(best_leaf)[0]
+    if not segs[root].children:
+        return None
+    initial = first_samples(tree)
+    dapo = ([0.0] * len(initial) if not keep_tree(tree, "first_samples")
+            else group_advantages([segs[i].leaf.reward for i in initial]))
+    return {"advantage": segs[root].advantage,
+            "dapo": next(a for i, a in zip(initial, dapo) if tree.path(i)[0] == root),
+            "others": [segs[c].advantage for c in tree.root_children
+                       if c != root and segs[c].leaf is not None and segs[c].leaf.correct]}
 
 
 def tree_stats(records: Iterable[tuple[dict, SearchTree]], top_tokens: int = 5) -> dict:
     """The statistics of the module doc over logged trees, each as its SearchTree.to_dict() record
     and the SearchTree parsed from it (`read_trees`); a value is None when no tree has what it
     averages."""
-    n_trees, filtered, equal, nodes, all_correct = 0, 0, 0, 0, 0
-    best_adv, dapo_adv, other_adv, first, expanded, shortening, rel_depth = [], [], [], [], [], [], []
+    n_trees, filtered, equal, nodes = 0, 0, 0, 0
+    kinds = Counter()
+    branches = {kind: [] for kind in KINDS}
+    first, expanded, shortening, rel_depth = [], [], [], []
     wb_tokens = Counter()
     for d, tree in records:
         if not keep_tree(tree):
@@ -59,36 +100,37 @@ def tree_stats(records: Iterable[tuple[dict, SearchTree]], top_tokens: int = 5) 
         rel_depth += [b["depth"] / b["path_length"] for b in tree.backtracking]
         wb_tokens.update(d["segments"][b["segment"]]["text"][-1] for b in tree.backtracking
                          if d["segments"][b["segment"]].get("text"))
-        first_correct = all(s.leaf.correct for s in initial)
-        all_correct += first_correct
+        kind = first_group_kind(tree)
+        kinds[kind] += 1
         best = d.get("best")
         if best is None:
             continue
         correct_initial = [s.leaf.length for s in initial if s.leaf.correct]
         if correct_initial:
             shortening.append(min(correct_initial) - best["length"])
-        best_root = tree.path(best["leaf"])[0]
-        if not segs[best_root].children or first_correct:
-            continue
-        best_adv.append(segs[best_root].advantage)
-        dapo = group_advantages([s.leaf.reward for s in initial])
-        dapo_adv += [a for s, a in zip(initial, dapo) if tree.path(s.id)[0] == best_root]
-        other_adv += [segs[c].advantage for c in tree.root_children
-                      if c != best_root and segs[c].leaf is not None and segs[c].leaf.correct]
+        branch = best_branch(tree, best["leaf"])
+        if branch is not None:
+            branches[kind].append(branch)
 
     def avg(xs):
         return float(mean(xs)) if xs else None
+
+    def branch_stats(found: list[dict], suffix: str) -> dict:
+        return {f"best_branch_advantage_{suffix}": avg([b["advantage"] for b in found]),
+                f"best_branch_dapo_advantage_{suffix}": avg([b["dapo"] for b in found]),
+                f"best_branch_negative_{suffix}": avg([b["advantage"] < 0 for b in found]),
+                f"other_correct_advantage_{suffix}": avg([a for b in found for a in b["others"]])}
 
     n_wb = sum(wb_tokens.values())
     return {
         "trees": n_trees,
         "filtered": filtered,
+        **{f"trees_{kind}": kinds[kind] for kind in KINDS},
+        "first_all_correct": kinds["all_correct"] / n_trees if n_trees else None,
         "branching_nodes": nodes,
         "equal_children": equal / nodes if nodes else None,
-        "first_all_correct": all_correct / n_trees if n_trees else None,
-        "best_branch_advantage": avg(best_adv),
-        "best_branch_dapo_advantage": avg(dapo_adv),
-        "other_correct_advantage": avg(other_adv),
+        **{k: v for kind in KINDS for k, v in branch_stats(branches[kind], kind).items()},
+        **branch_stats([b for kind in KINDS for b in branches[kind]], "all"),
         "initial_accuracy": avg(first),
         "expansion_accuracy": avg(expanded),
         "shortening": avg(shortening),
@@ -125,6 +167,9 @@ def read_trees(files: Iterable[Path]) -> Iterator[tuple[dict, SearchTree]]:
             yield d, tree
 
 
+COUNTS = ("trees", "filtered", "branching_nodes") + tuple(f"trees_{kind}" for kind in KINDS)
+
+
 def format_stats(name: str, stats: dict) -> str:
     """One line per statistic: counts as integers, shares and means to 3 decimals."""
     lines = [name]
@@ -133,9 +178,9 @@ def format_stats(name: str, stats: dict) -> str:
             text = "-"
         elif key == "wb_tokens":
             text = ", ".join(f"{token!r} {share:.0%}" for token, share in value)
-        elif key in ("trees", "filtered", "branching_nodes"):
+        elif key in COUNTS:
             text = str(value)
         else:
             text = f"{value:.3f}"
-        lines.append(f"  {key:27s} {text}")
+        lines.append(f"  {key:40s} {text}")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from bfspo.algorithm.advantages import KINDS
+from bfspo.algorithm.advantages import FILTERS, KINDS
 from bfspo.algorithm.rewards import WINDOWS
 from bfspo.algorithm.search import SELECTIONS
 from bfspo.errors import BfspoError
@@ -81,6 +81,10 @@ class TrainConfig:
         "help": "Where Eq. 3's penalty ramps (L_cache = budget/5): 'paper' is App. D's L_max = budget - L_cache, "
                 "from 0 at 0.6*budget to -1 at 0.8*budget; 'dapo' is DAPO's/verl's L_max = budget, over "
                 "(0.8*budget, budget] (bfspo/algorithm/rewards.py)."})
+    filter: str = field(default="all_leaves", metadata={
+        "help": "Dynamic sampling, DAPO's 0 < #correct < G (Eq. 2) read on a tree: 'all_leaves' keeps a tree iff "
+                "some but not all of its leaves are correct; 'first_samples' applies it to the G first answers, "
+                "before the search, and does not expand a tree that fails it (docs/algorithm.md). Same at K = 0."})
     budget: int = field(default=512, metadata={
         "help": "L_budget: most generated tokens per path (and the scale of the overlong window)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the rollouts."})
@@ -200,7 +204,7 @@ class TrainConfig:
             raise BfspoError(f"config: lora_target_modules must be a non-empty list of module names, got {modules!r}")
         choices = {"selection": SELECTIONS, "advantage": KINDS, "overlong_window": WINDOWS,
                    "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled"),
-                   "batch_unit": ("chains", "prompts")}
+                   "batch_unit": ("chains", "prompts"), "filter": FILTERS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise BfspoError(f"config: {name} must be one of {allowed}, got {getattr(self, name)!r}")

@@ -2,7 +2,8 @@
 
 Each step (one training batch):
 1. rollout: build one search tree per question (Algorithm 1; K = 0 is DAPO's group of G), score
-   the leaves with the verifier, drop trees without signal (dynamic sampling, Eq. 2's constraint),
+   the leaves with the verifier, drop trees without signal (dynamic sampling, Eq. 2's constraint,
+   on all leaves or on the first answers before the search: `filter`, docs/algorithm.md),
    oversampling questions and repeating for at most `max_gen_rounds` rounds until the batch holds
    `train_batch_chains` complete chains (Sec. 4.2: BFS-PO uses as many chains as DAPO uses
    sequences; bfspo/training/batching.py);
@@ -203,15 +204,15 @@ class Trainer:
             seed = ((cfg.seed * 1_000_003 + self.step) * 64 + round_) * 1024 + self.rank * 128
             trees = build_trees(self.engine, [q.prompt_ids for q in qs], [self.scorer(q) for q in qs],
                                 group_size=cfg.group_size, k=cfg.k, budget=cfg.budget, selection=cfg.selection,
-                                temperature=cfg.temperature, top_p=cfg.top_p, seed=seed)
+                                temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, filter=cfg.filter)
             for q, tree in zip(qs, trees):
                 tree.meta.update(question_id=q.id, step=self.step, round=round_, rank=self.rank)
                 assign_rewards(tree, overlong=cfg.overlong, window=cfg.overlong_window)
                 assign_advantages(tree, cfg.advantage)
             return trees
 
-        filled = batching.fill(generate, keep_tree, target, cfg.chains_per_question, cfg.oversample,
-                               cfg.max_gen_rounds, agree=dist.any_rank)
+        filled = batching.fill(generate, lambda tree: keep_tree(tree, cfg.filter), target, cfg.chains_per_question,
+                               cfg.oversample, cfg.max_gen_rounds, agree=dist.any_rank)
         batch = batching.select(filled.kept, target)
         mine = batching.batch_stats(filled, batch, target)
         stats = step_metrics.rollout_stats(filled.generated, batch)
