@@ -12,8 +12,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Tiny models are dominated by per-op overhead: one thread is faster, and steadier on 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import stat
+import tempfile
+
 import pytest
 import torch
+
+# No test talks to a Slurm controller. Where Slurm's client tools are installed but no controller
+# runs (this machine and CI), every `snakemake` start still waits 9 s on `scontrol show config`,
+# which the Slurm executor plugin calls on import. Subprocesses of the tests find this stand-in
+# first: it answers at once as scontrol does there, with an error.
+_NO_SLURM = tempfile.mkdtemp(prefix="bfspo-tests-no-slurm-")
+with open(os.path.join(_NO_SLURM, "scontrol"), "w") as _f:
+    _f.write("#!/bin/sh\necho 'scontrol: no Slurm controller in the tests' >&2\nexit 1\n")
+os.chmod(os.path.join(_NO_SLURM, "scontrol"), stat.S_IRWXU)
+os.environ["PATH"] = _NO_SLURM + os.pathsep + os.environ.get("PATH", "")
 
 torch.set_num_threads(1)
 

@@ -314,23 +314,28 @@ def test_seeds_multiply_the_runs_not_the_zero_shot(tmp_path):
 
 
 def check_offline_wandb_runs(results: Path, env: dict) -> None:
-    """Every run of the DAG is listed by `bfspo sync --list` and tagged table:toy-test-ablation;
-    every training step logged each section once."""
+    """Every run of the DAG (the SFT's too) is listed by `bfspo sync --list` with its project, and
+    every run but the SFT is tagged table:toy-test-ablation; every training step logged each
+    section once."""
     from bfspo.reporting.sync import offline_runs
-    from tests.helpers.wandb_offline import read_offline_run
+    from bfspo.tracking import read_run
 
     listed = subprocess.run([sys.executable, "-m", "bfspo.cli", "sync", str(results), "--list"], env=env,
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
-    found = [Path(line) for line in listed.stdout.splitlines()]
-    assert found == offline_runs(results)
+    found = [Path(line.split("\t")[0]) for line in listed.stdout.splitlines()]
+    assert found == offline_runs(results) and {line.split("\t")[1] for line in listed.stdout.splitlines()} == {"bfspo"}
     trained = sorted(p.name for p in (results / "runs").iterdir())
     evaluated = sorted(f"{r.name}/{b.name}" for r in (results / "eval").iterdir() for b in r.iterdir())
     assert sorted(p.parents[1].name for p in found if p.parents[2].name == "runs") == trained
     assert sorted(f"{p.parents[2].name}/{p.parents[1].name}" for p in found if p.parents[3].name == "eval") == evaluated
-    assert [p.parents[1].name for p in found if p.parents[2].name == "wandb"] == ["report-toy-test-ablation"]
+    assert sorted(p.parents[1].name for p in found if p.parents[2].name == "wandb") == [
+        "report-toy-test-ablation", "sft-toy-test"]
     for path in found:
-        record = read_offline_run(path)
+        record = read_run(path)
+        if path.parents[1].name == "sft-toy-test":
+            assert record["run"]["display_name"] == "sft-toy-test" and record["history"], path
+            continue
         tags, job = record["run"]["tags"], record["run"]["job_type"]
         assert "table:toy-test-ablation" in tags, (path, tags)
         if job == "report":
