@@ -88,6 +88,16 @@ def test_dapo_is_k0_groups_of_g(tiny_model_dir, train_data, tmp_path):
     assert json.loads((out / "done.json").read_text())["method"] == "dapo"
 
 
+def test_gradient_checkpointing_trains(tiny_model_dir, train_data, tmp_path):
+    """paper.yaml checkpoints: the trainer's update recomputes tree attention in the backward pass
+    (micro-batches of 256 tokens, about one tree each)."""
+    out = tmp_path / "ckpt"
+    proc = run_train(tiny_model_dir, train_data, out, steps=1, gradient_checkpointing="true", micro_batch_tokens=256)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["train/optimizer_steps"] >= 1 and row["train/grad_norm"] > 0
+
+
 def test_resume_after_kill(tiny_model_dir, train_data, tmp_path):
     """Interrupted after step 3 (checkpoint at step 2), resumed: metrics.jsonl and the W&B run (read
     back with wandb's reader, over every offline fragment of the run's id) hold each step exactly once:
