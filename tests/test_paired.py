@@ -1,5 +1,6 @@
 """The paired table's statistics (bfspo/reporting/paired.py) on hand-worked examples."""
 
+import json
 import math
 
 import pandas as pd
@@ -9,7 +10,7 @@ from bfspo.errors import BfspoError
 from bfspo.reporting.paired import (BEATS, LOSES, MATCHES, _contrast_sections, against_zero_shot, check_pairing,
                                     contrasts,
                                     min_detectable_difference, paired_summary, paired_table, ratio_summary,
-                                    seed_band, t_quantile, verdict)
+                                    seed_band, t_quantile, verdict, window_means, window_table)
 
 Z = 1.959964 + 0.841621  # z_0.975 + z_0.8
 
@@ -161,3 +162,43 @@ def test_each_arm_against_the_zero_shot_number():
     rows = against_zero_shot(spec, seeds, pd.DataFrame([dict(benchmark="toy", acc=70.0)])).set_index("Method")
     assert rows.loc["D", "Verdict"] == BEATS and against_zero_shot(spec, seeds, pd.DataFrame(
         [dict(benchmark="other", acc=70.0)])).empty
+
+
+def test_window_means_split_a_run_into_consecutive_windows(tmp_path):
+    """7 steps in 3 windows: steps 1-3, 4-5, 6-7 (the first window takes the remainder); a step
+    without the key is left out of its window's mean."""
+    rows = [{"step": i, "rollout/accuracy": a} for i, a in enumerate([0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.9], 1)]
+    del rows[4]["rollout/accuracy"]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = window_means(tmp_path, "rollout/accuracy", 3)
+    assert [(a, b) for a, b, _ in got] == [(1, 3), (4, 5), (6, 7)]
+    assert [m for *_, m in got] == pytest.approx([0.2, 0.5, 0.9])
+    assert [(a, b) for a, b, _ in window_means(tmp_path, "rollout/accuracy", 10)][:2] == [(1, 1), (2, 2)]
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(BfspoError, match="no steps"):
+        window_means(tmp_path, "rollout/accuracy")
+
+
+def test_window_table_pairs_the_curves_window_by_window():
+    """a's first-sample accuracy per window 70, 80, 90 on both seeds; b's 60, 80, 92 and 62, 78, 94:
+    b - a is -9 (early), -1 (middle), +3 (late); lengths equal."""
+    spec, seeds = four_arms()
+    spec["methods"], spec["contrasts"] = spec["methods"][:2], [dict(method="b", baseline="a", label="b - a")]
+    seeds = seeds[seeds.method.isin(["a", "b"])].reset_index(drop=True)
+    acc = {("a", 0): (70, 80, 90), ("a", 1): (70, 80, 90), ("b", 0): (60, 80, 92), ("b", 1): (62, 78, 94)}
+    for i in range(3):
+        seeds[f"first_acc_w{i + 1}"] = [acc[(m, s)][i] for m, s in zip(seeds.method, seeds.seed)]
+        seeds[f"first_len_w{i + 1}"] = 80.0
+        seeds[f"w{i + 1}_steps"] = ["1-10", "11-20", "21-30"][i]
+    rows = window_table(spec, seeds)
+    first = rows[rows.metric == "first-sample acc. (%)"].set_index("what")
+    assert list(first.index) == ["steps 1-10", "steps 11-20", "steps 21-30"]
+    assert first["diff"].tolist() == [-9, -1, 3]
+    assert first.loc["steps 1-10", ["ci_low", "ci_high", "verdict"]].tolist() == [-10, -8, LOSES]
+    assert first.loc["steps 21-30", ["ci_low", "ci_high", "verdict"]].tolist() == [2, 4, BEATS]
+    assert first.loc["steps 11-20", "verdict"] == MATCHES
+    length = rows[rows.metric == "first-sample length"]
+    assert (length["diff"] == 0).all() and (length.verdict == MATCHES).all()
+    # a run with fewer windows (a 2-step run) leaves the third out
+    rows = window_table(spec, seeds.assign(first_acc_w3=float("nan"), first_len_w3=float("nan")))
+    assert set(rows.what) == {"steps 1-10", "steps 11-20"}

@@ -27,7 +27,11 @@ interval and MDD computed on the log ratios and mapped back (an MDD of 1.10 mean
 10%). The methods train on the same number of chains per batch (config `train_batch`).
 Beside the verdict, the tree statistics of `bfspo tree stats` over all seeds of each method.
 Learning curves (`seed_band`): per step, the mean over seeds of a metric of metrics.jsonl and its
-95% t-interval, mean +- t_{0.975, n-1} * sd / sqrt(n) (`t_quantile`).
+95% t-interval, mean +- t_{0.975, n-1} * sd / sqrt(n) (`t_quantile`). The same curves, paired
+(`window_table`): each run's first-sample accuracy and length (metrics.jsonl, before dynamic
+sampling) averaged over N_WINDOWS consecutive windows of its steps, and per contrast and window the
+paired difference with the same interval, MDD and verdict as the evaluation's metrics: whether a
+gap opens early and closes, or grows, with training.
 """
 
 from __future__ import annotations
@@ -54,6 +58,11 @@ TREE_COLUMNS = ["trees", "trees_mixed", "trees_all_correct", "trees_all_wrong", 
                   for stat in ("best_branch_advantage", "best_branch_dapo_advantage", "best_branch_negative")],
                 "other_correct_advantage_mixed"]
 N_RESAMPLES = 10000
+# (name, metrics.jsonl key, scale, digits, higher is better, label): the curves `window_table` pairs
+WINDOW_CURVES = [("first_acc", "rollout/accuracy", 100.0, 1, True, "first-sample acc. (%)"),
+                 ("first_len", "rollout/len_mean", 1.0, 1, False, "first-sample length")]
+N_WINDOWS = 3
+DIGITS = {name: d for _, name, d, _ in METRICS} | {label: d for *_, d, _, label in WINDOW_CURVES}
 
 
 # ---- the statistics -------------------------------------------------------------------------------
@@ -150,6 +159,22 @@ def median_timings(run_dir: Path) -> dict[str, float]:
     return {**{name: float(frame[name].median()) for name, _ in TIMINGS}, "step": float(frame.sum(axis=1).median())}
 
 
+def window_means(run_dir: Path, key: str, n_windows: int = N_WINDOWS) -> list[tuple[int, int, float]]:
+    """The run's `key` of metrics.jsonl averaged over `n_windows` consecutive windows of its steps, as
+    equal as they can be (np.array_split: the first windows take the remainder; one window per step
+    when the run has fewer steps): (first step, last step, mean) per window; steps without the key
+    are left out of the mean."""
+    rows = [r for _, r in read_jsonl(run_dir / "metrics.jsonl", skipped=[])]
+    if not rows:
+        raise BfspoError(f"{run_dir}: metrics.jsonl has no steps")
+    out = []
+    for window in np.array_split(np.arange(len(rows)), min(n_windows, len(rows))):
+        values = [rows[i].get(key, math.nan) for i in window]
+        values = [v for v in values if v is not None and not math.isnan(v)]
+        out.append((rows[window[0]]["step"], rows[window[-1]]["step"], float(np.mean(values)) if values else math.nan))
+    return out
+
+
 def logged_trees(run_dirs: list[Path], orders: dict[Path, list[str]]):
     """The logged trees of the runs, one run after another, as `read_trees` yields them; the
     question id of each is appended to orders[run_dir] (the run's question order)."""
@@ -198,6 +223,9 @@ def per_seed(spec: dict, scored: pd.DataFrame, runs_dir: Path) -> tuple[pd.DataF
                 for metric, *_ in METRICS:
                     row[f"{metric}_{col['benchmark']}"] = float(cell[metric].iloc[0]) if len(cell) else math.nan
             row |= {f"{k}_s": v for k, v in median_timings(run_dir).items()}
+            for name, key, scale, *_ in WINDOW_CURVES:
+                for i, (first, last, mean) in enumerate(window_means(run_dir, key), start=1):
+                    row |= {f"{name}_w{i}": mean * scale, f"w{i}_steps": f"{first}-{last}"}
             rows.append(row)
     for seed, runs in by_seed.items():
         check_pairing({m: c for m, (c, _) in runs.items()}, {m: o for m, (_, o) in runs.items()}, seed)
@@ -251,6 +279,30 @@ def paired_table(spec: dict, seeds: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def window_table(spec: dict, seeds: pd.DataFrame) -> pd.DataFrame:
+    """`paired_table`'s rows for the training curves: per contrast, curve (WINDOW_CURVES) and window
+    of steps, the paired difference of the runs' window means (`window_means`), with its interval,
+    MDD and verdict. A window is named by the baseline's steps; a window some runs lack (they ran
+    fewer steps than N_WINDOWS) is compared over the seeds that have it."""
+    labels = {m["key"]: m["label"] for m in spec["methods"]}
+    rows = []
+    for contrast in contrasts(spec):
+        base = seeds[seeds.method == contrast["baseline"]].set_index("seed")
+        other = seeds[seeds.method == contrast["method"]].set_index("seed")
+        common = base.index.intersection(other.index)
+        for name, _, _, _, better, label in WINDOW_CURVES:
+            for i in range(1, N_WINDOWS + 1):
+                key = f"{name}_w{i}"
+                if key not in seeds or not base.loc[common, key].notna().any():
+                    continue
+                d = other.loc[common, key] - base.loc[common, key]
+                rows.append(dict(method=labels[contrast["method"]], vs=labels[contrast["baseline"]],
+                                 what=f"steps {base.loc[common, f'w{i}_steps'].dropna().iloc[0]}", metric=label,
+                                 baseline=base.loc[common, key].mean(), value=other.loc[common, key].mean(),
+                                 **paired_summary(d.to_numpy(), better)))
+    return pd.DataFrame(rows)
+
+
 def _fmt(x: float, digits: int) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
@@ -260,11 +312,10 @@ def format_paired(spec: dict, table: pd.DataFrame) -> pd.DataFrame:
     by its label; otherwise each row names its contrast ("method vs baseline")."""
     vs = table.vs.unique() if len(table) else [spec["methods"][0]["label"]]
     base_label = vs[0] if len(vs) == 1 else "Baseline mean"
-    digits = {name: d for _, name, d, _ in METRICS}
     out = []
     for r in table.itertuples():
         timing = r.what == "step time"
-        d = 2 if timing else digits[r.metric]
+        d = 2 if timing else DIGITS[r.metric]
         out.append({
             "Method": r.method if len(vs) == 1 else f"{r.method} vs {r.vs}", "Column": r.what, "Metric": r.metric,
             base_label: _fmt(r.baseline, d) + (" s" if timing else ""),
@@ -350,6 +401,11 @@ def write_paired(spec: dict, scored: pd.DataFrame, runs_dir: str | Path, out_dir
         f"Zero-shot (greedy, the AES baseline): {zero_text}.\n\n"
         f"### Against the zero-shot model (accuracy, mean over seeds and its 95% t-interval)\n\n"
         f"{against_zero_shot(spec, seeds, zero).to_markdown(index=False, disable_numparse=True)}\n\n"
+        f"### First samples during training, per window of steps (paired)\n\n"
+        "Each run's first-sample accuracy and length per step (metrics.jsonl, every generated question "
+        f"before dynamic sampling), averaged over {N_WINDOWS} windows of its steps; then as above, per "
+        "contrast and window.\n\n"
+        f"{format_paired(spec, window_table(spec, seeds)).to_markdown(index=False, disable_numparse=True)}\n\n"
         f"### Tree statistics (`bfspo tree stats` over all seeds of each method)\n\n"
         f"{format_trees(spec, trees, seeds).to_markdown(index=False, disable_numparse=True)}\n"))
     atomic_write_text(paths[2], shown.map(latex_escape).rename(columns=latex_escape).style.hide(axis="index").to_latex(
