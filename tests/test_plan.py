@@ -282,6 +282,23 @@ def test_the_slurm_plugin_submits_the_warning_and_no_step_of_its_own():
     assert "--nodes=2" in line and "--gres=gpu:4" in line and "--gpus=" not in line and "--ntasks=2" in line
 
 
+def test_the_paper_config_trains_bfspo_on_dapos_questions_and_chains_per_optimizer_step():
+    """The breakdown study's choices (config/README.md, "Batch sizes"): every run trains on DAPO's 8192
+    chains per batch and 512 per optimizer step under the first-samples filter, and a K = 3 tree is
+    DAPO's group of 16 chains, so BFS-PO's 32 trees per step are DAPO's 32 questions."""
+    m = Matrix(paper())
+    configs = {run: gpu_plan.train_config(m, run) for run in m.runs}
+    assert {(c.train_batch_chains, c.mini_batch_chains, c.filter) for c in configs.values()} == {
+        (8192, 512, "first_samples")}
+    dapo = {c.group_size for c in configs.values() if c.k == 0}
+    assert dapo == {16}
+    for run, c in configs.items():
+        if c.k == 3:
+            assert c.chains_per_question == 16 and c.mini_batch_chains // c.chains_per_question == 32, run
+        if c.k > 0:
+            assert c.group_size == 4, run
+
+
 def test_bfspo_plan_prints_every_job_and_refuses_what_cannot_fit(tmp_path):
     out = subprocess.run([sys.executable, "-m", "bfspo.cli", "plan", "--config", "config/paper.yaml"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)

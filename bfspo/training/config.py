@@ -84,7 +84,9 @@ class TrainConfig:
     filter: str = field(default="all_leaves", metadata={
         "help": "Dynamic sampling, DAPO's 0 < #correct < G (Eq. 2) read on a tree: 'all_leaves' keeps a tree iff "
                 "some but not all of its leaves are correct; 'first_samples' applies it to the G first answers, "
-                "before the search, and does not expand a tree that fails it (docs/algorithm.md). Same at K = 0."})
+                "before the search, and does not expand a tree that fails it (docs/algorithm.md). Same at K = 0. "
+                "config/paper.yaml sets 'first_samples' (the toy breakdown study); the default is the reading "
+                "the recorded toy results were trained with."})
     budget: int = field(default=512, metadata={
         "help": "L_budget: most generated tokens per path (and the scale of the overlong window)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the rollouts."})
