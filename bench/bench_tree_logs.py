@@ -24,9 +24,11 @@ from bench.common import print_table
 from bfspo.algorithm.tree import SearchTree
 
 VOCAB = 151936
-# (train set, budget) x (method, K) of config/paper.yaml: G = 16, 8192 chains a batch, oversample 3
-SETTINGS = [("gsm8k", 512, "dapo", 0), ("gsm8k", 512, "bfspo", 3), ("math", 1024, "dapo", 0), ("math", 1024, "bfspo", 3)]
-G, CHAINS, OVERSAMPLE = 16, 512 * 16, 3.0
+# (train set, budget) x (method, K, G) of config/paper.yaml: DAPO G = 16, BFS-PO G = 4, 8192 chains a
+# batch, oversample 3
+SETTINGS = [("gsm8k", 512, "dapo", 0, 16), ("gsm8k", 512, "bfspo", 3, 4), ("math", 1024, "dapo", 0, 16),
+            ("math", 1024, "bfspo", 3, 4)]
+CHAINS, OVERSAMPLE = 512 * 16, 3.0
 
 
 def completion(rng: random.Random, n: int) -> tuple[list[int], list[float], list[float], list[str]]:
@@ -38,8 +40,8 @@ def completion(rng: random.Random, n: int) -> tuple[list[int], list[float], list
     return ids, logprobs, entropies, texts
 
 
-def paper_tree(budget: int, k: int, seed: int = 0) -> tuple[SearchTree, dict[int, list[str]]]:
-    """A tree of G first answers of about budget / 2 tokens and k expansions of G answers, with texts."""
+def paper_tree(budget: int, k: int, g: int, seed: int = 0) -> tuple[SearchTree, dict[int, list[str]]]:
+    """A tree of g first answers of about budget / 2 tokens and k expansions of g answers, with texts."""
     rng = random.Random(seed)
     tree, texts = SearchTree(prompt_ids=list(range(120)), budget=budget), {}
 
@@ -49,7 +51,7 @@ def paper_tree(budget: int, k: int, seed: int = 0) -> tuple[SearchTree, dict[int
         seg = tree.add_completion(parent, ids, logprobs, entropies, finished=True, iteration=iteration)
         texts[seg] = text
 
-    for _ in range(G):
+    for _ in range(g):
         add(None, 1, 0)
     for iteration in range(1, k + 1):
         leaf = rng.choice(tree.leaves())
@@ -60,16 +62,16 @@ def paper_tree(budget: int, k: int, seed: int = 0) -> tuple[SearchTree, dict[int
         upper = tree.split(leaf, offset)
         texts[upper], texts[leaf] = texts[leaf][:offset + 1], texts[leaf][offset + 1:]
         tree.segments[upper].ends_in_B = True
-        for _ in range(G):
+        for _ in range(g):
             add(upper, tree.segments[upper].end + 1, iteration)
     return tree, texts
 
 
-def tree_bytes(budget: int, k: int) -> tuple[int, int]:
+def tree_bytes(budget: int, k: int, g: int) -> tuple[int, int]:
     """(bytes of one JSONL line, unique tokens) of a paper-shaped tree logged with its token text."""
-    tree, texts = paper_tree(budget, k)
-    by_ids = {tuple(s.token_ids): texts[s.id] for s in tree.segments}
-    line = json.dumps(tree.to_dict(decode=lambda ids: by_ids[tuple(ids)])) + "\n"
+    tree, texts = paper_tree(budget, k, g)
+    text_of = {i: t for seg in tree.segments for i, t in zip(seg.token_ids, texts[seg.id])}
+    line = json.dumps(tree.to_dict(decode=lambda ids: [text_of[i] for i in ids])) + "\n"
     return len(line.encode()), tree.n_tokens
 
 
@@ -79,9 +81,9 @@ def main() -> None:
     parser.add_argument("--log-trees", type=int, default=8, help="trees written per step")
     args = parser.parse_args()
     rows = []
-    for train_set, budget, method, k in SETTINGS:
-        size, tokens = tree_bytes(budget, k)
-        trees = math.ceil(OVERSAMPLE * CHAINS / (G * (k + 1)))
+    for train_set, budget, method, k, g in SETTINGS:
+        size, tokens = tree_bytes(budget, k, g)
+        trees = math.ceil(OVERSAMPLE * CHAINS / (g * (k + 1)))
         rows.append([train_set, method, tokens, f"{size / tokens:.1f}", f"{size / 2**20:.2f}", trees,
                      f"{trees * size * args.steps / 2**30:.1f}", f"{args.log_trees * size * args.steps / 2**30:.2f}"])
     print_table("Tree logs of config/paper.yaml's runs", ["train set", "method", "tokens/tree", "bytes/token", "MiB/tree", "trees/step (>=)",
