@@ -18,7 +18,7 @@ import yaml
 from bfspo.errors import BfspoError
 from bfspo.io import write_jsonl
 from bfspo.rehearsal.check import check
-from bfspo.rehearsal.config import NOTE, derive
+from bfspo.rehearsal.config import NOTE, TRAIN_SIZE, derive
 from tests.test_workflow import ROOT, dry_run, job_counts, jobs
 
 PAPER = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
@@ -28,8 +28,15 @@ def test_derivation_is_pure_and_replaces_only_models_sizes_and_resources():
     before = copy.deepcopy(PAPER)
     rehearsal = derive(PAPER)
     assert PAPER == before  # the paper config is not touched
-    for key in ("seeds", "slurm", "data", "reported_results", "train_sets", "benchmarks", "methods"):
+    for key in ("seeds", "slurm", "data", "reported_results", "train_sets", "benchmarks"):
         assert rehearsal[key] == PAPER[key], key
+    # a method keeps its fields; the sizes in its own train block shrink to the rehearsal's
+    assert rehearsal["methods"].keys() == PAPER["methods"].keys()
+    for name, method in PAPER["methods"].items():
+        own = method.get("train", {})
+        assert rehearsal["methods"][name] == method | ({"train": own | {k: TRAIN_SIZE[k] for k in own.keys() & TRAIN_SIZE.keys()}}
+                                                       if own else {}), name
+    assert rehearsal["methods"]["bfspo"]["train"] == {"group_size": 4, "train_batch": 2, "mini_batch": 1}
     # its W&B runs go to a project of their own, tagged (issue 26)
     assert rehearsal["wandb"] == PAPER["wandb"] | {"project": PAPER["wandb"]["project"] + "-rehearsal",
                                                    "tags": ["rehearsal"]}

@@ -187,9 +187,14 @@ def test_paper_jobs_request_gpus_by_model_size():
                      r"--output-dir ", small, re.M)
     for run in (big, small):  # the plan's time limit, warning signal and checkpoint interval
         assert re.search(r"mpi=srun, tasks=2, slurm_extra=--signal=USR1@\d+", run) and "--set save_every=1" in run
-    for run in (big, small):  # DAPO's recipe: 512 prompts of 16 answers, 3x oversampled, up to 10 rounds
-        for setting in ("batch_unit=prompts", "group_size=16", "train_batch=512", "mini_batch=32", "oversample=3.0",
-                        "max_gen_rounds=10", "overlong_window=paper"):
+    for run in (big, small):  # DAPO's recipe: 3x oversampled, up to 10 rounds, the first-samples filter
+        for setting in ("batch_unit=prompts", "oversample=3.0", "max_gen_rounds=10", "overlong_window=paper",
+                        "filter=first_samples"):
+            assert f"--set {setting}" in run, setting
+    # DAPO: 512 prompts of 16 answers, mini-batches of 32; BFS-PO the same 8192 and 512 chains in
+    # prompts of 4 answers (config/README.md, "Batch sizes")
+    for run, (g, batch, mini) in ((small, (16, 512, 32)), (big, (4, 2048, 128))):
+        for setting in (f"group_size={g}", f"train_batch={batch}", f"mini_batch={mini}"):
             assert f"--set {setting}" in run, setting
     cpu_jobs = [t for r, t in jobs(out) if r in ("prepare", "table")]
     assert len(cpu_jobs) == 2 and not any("gpu=" in t for t in cpu_jobs)
@@ -574,8 +579,9 @@ def test_the_breakdown_study_runs_at_ci_size(tmp_path):
         ("BFS-PO", "DAPO"), ("BFS-PO (first samples)", "BFS-PO"), ("DAPO (G=32)", "DAPO"), ("BFS-PO", "DAPO (G=32)"),
         ("BFS-PO (first samples, G=4, 4 trees/step)", "DAPO")}
     text = (tables / "toy-breakdown.md").read_text()
-    assert text.count("\n### ") == 5 + 2 and "### c - b: the filter" in text and "trees_all_correct" in text
+    assert text.count("\n### ") == 5 + 3 and "### c - b: the filter" in text and "trees_all_correct" in text
     assert "### Against the zero-shot model" in text
+    assert "### First samples during training" in text and "steps 2-2" in text  # 2-step runs: one step a window
     figures = tmp_path / "results/figures/toy-breakdown"
     assert (figures / "paired.png").is_file() and (figures / "seed_bands_toy-bd_toy.png").is_file()
     runs = tmp_path / "results/runs"
