@@ -251,6 +251,13 @@ def contrasts(spec: dict) -> list[dict]:
     return out
 
 
+def contrast_seeds(seeds: pd.DataFrame, contrast: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.Index]:
+    """The per-seed rows of a contrast's baseline and method, indexed by seed, and the seeds both ran."""
+    base = seeds[seeds.method == contrast["baseline"]].set_index("seed")
+    other = seeds[seeds.method == contrast["method"]].set_index("seed")
+    return base, other, base.index.intersection(other.index)
+
+
 def paired_table(spec: dict, seeds: pd.DataFrame) -> pd.DataFrame:
     """One row per (contrast, column or timing, metric): the method, the baseline it is compared with
     (`vs`), the two means, the paired difference (or ratio), its interval, the MDD, the number of
@@ -259,9 +266,7 @@ def paired_table(spec: dict, seeds: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for contrast in contrasts(spec):
         method, vs = labels[contrast["method"]], labels[contrast["baseline"]]
-        base = seeds[seeds.method == contrast["baseline"]].set_index("seed")
-        other = seeds[seeds.method == contrast["method"]].set_index("seed")
-        common = base.index.intersection(other.index)
+        base, other, common = contrast_seeds(seeds, contrast)
         for col in spec["columns"]:
             for metric, name, _, better in METRICS:
                 key = f"{metric}_{col['benchmark']}"
@@ -287,9 +292,7 @@ def window_table(spec: dict, seeds: pd.DataFrame) -> pd.DataFrame:
     labels = {m["key"]: m["label"] for m in spec["methods"]}
     rows = []
     for contrast in contrasts(spec):
-        base = seeds[seeds.method == contrast["baseline"]].set_index("seed")
-        other = seeds[seeds.method == contrast["method"]].set_index("seed")
-        common = base.index.intersection(other.index)
+        base, other, common = contrast_seeds(seeds, contrast)
         for name, _, _, _, better, label in WINDOW_CURVES:
             for i in range(1, N_WINDOWS + 1):
                 key = f"{name}_w{i}"
