@@ -478,42 +478,6 @@ def test_toy_studies_plan_ten_paired_seeds_of_three_arms(configfile):
     assert "--set batch_unit=prompts" in prompts and "--set train_batch=8" in prompts
 
 
-def study_at_ci_size(cfg):
-    """A toy study config at CI size: the test-size toy model, 2 seeds, 2 steps, small batches."""
-    cfg["toy"].update(size="test", n_train=2000, n_rl=64, n_eval=16)
-    cfg["toy"].pop("record")  # the record is the default-size model's
-    if "questions" in cfg["toy"]:
-        cfg["toy"]["questions"].update(n_rl=64, n_eval=16)
-    cfg["seeds"] = [0, 1]
-    cfg["wandb"]["report"] = False
-    cfg["train"].update(steps=2, group_size=4, train_batch=8, mini_batch=4)
-    cfg["methods"]["bfspo-prompts"]["train"].update(train_batch=2, mini_batch=2)
-
-
-@pytest.mark.slow
-def test_the_harder_toy_study_runs_at_ci_size(tmp_path):
-    """config/toy-study-hard.yaml (the harder questions, drawn by toy_questions for the toy model,
-    and the paired table) from data generation to the table, 2 seeds x 3 arms of 2 steps."""
-    env = workflow_copy(tmp_path)
-    config = write_config(tmp_path, "config/toy-study-hard.yaml", study_at_ci_size)
-    run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", str(config)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-
-    sft = {json.loads(line)["question"] for line in (tmp_path / "results/toy/data/train.jsonl").read_text().splitlines()}
-    hard = [json.loads(line) for line in (tmp_path / "results/toy-hard/data/rl_train.jsonl").read_text().splitlines()]
-    assert {r["steps"] for r in hard} == {5} and not sft & {r["question"] for r in hard}
-    tables = tmp_path / "results/tables"
-    paired = pd.read_csv(tables / "toy-study-hard.csv")
-    assert len(paired) == 2 * (2 * 3 + 4) and set(paired.method) == {"BFS-PO", "BFS-PO (prompts)"}
-    assert (paired.n <= 2).all() and set(paired.verdict) <= {"beats", "loses", "matches", "-"}
-    seeds = pd.read_csv(tables / "toy-study-hard_seeds.csv")
-    assert len(seeds) == 6 and (seeds.questions_drawn > 0).all() and (seeds.step_s > 0).all()
-    text = (tables / "toy-study-hard.md").read_text()
-    assert "Pairing checked" in text and "Tree statistics" in text and "MDD (80%)" in text
-    assert (tmp_path / "results/figures/toy-study-hard/paired.png").is_file()
-
-
 def test_the_breakdown_study_plans_ten_paired_seeds_of_five_arms():
     """config/toy-breakdown.yaml (issue 25): arms a-e, each run with its own batch reading and filter."""
     out = dry_run("-p", "--configfile", "config/toy-breakdown.yaml")
@@ -553,6 +517,7 @@ def breakdown_at_ci_size(cfg):
     right 5% of the time, too rarely for G = 2 groups to mix); verl's oversampling of 3x, so that
     groups of 4 from that model fill every batch."""
     cfg["toy"].update(size="test", n_train=2000, n_rl=64, n_eval=16)
+    cfg["toy"]["questions"].update(n_rl=64, n_eval=16)
     cfg["seeds"] = [0, 1]
     cfg["wandb"]["report"] = False
     cfg["train"].update(steps=2, group_size=4, train_batch=16, mini_batch=8, oversample=3.0)
@@ -562,37 +527,49 @@ def breakdown_at_ci_size(cfg):
 
 @pytest.mark.slow
 def test_the_breakdown_study_runs_at_ci_size(tmp_path):
-    """config/toy-breakdown.yaml from data generation to the contrast tables and the seed-band curves,
-    2 seeds x 5 arms of 2 steps: every batch full, and arm c's trees that fail the first-sample
-    filter never expanded."""
+    """config/toy-breakdown-hard.yaml (the harder questions, drawn by toy_questions for the toy model)
+    from data generation to the contrast tables and the seed-band curves, 2 seeds x 5 arms of 2
+    steps: every batch full, and arm c's trees that fail the first-sample filter never expanded.
+    (The current regime's config differs only in its questions; toy-study*.yaml's arms, the prompts
+    reading included, run end to end in the rehearsal and the toy's DAG.)"""
     env = workflow_copy(tmp_path)
-    config = write_config(tmp_path, "config/toy-breakdown.yaml", breakdown_at_ci_size)
+    config = write_config(tmp_path, "config/toy-breakdown-hard.yaml", breakdown_at_ci_size)
     run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", str(config)],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
 
+    sft = {json.loads(line)["question"] for line in (tmp_path / "results/toy/data/train.jsonl").read_text().splitlines()}
+    hard = [json.loads(line) for line in (tmp_path / "results/toy-hard/data/rl_train.jsonl").read_text().splitlines()]
+    assert {r["steps"] for r in hard} == {5} and not sft & {r["question"] for r in hard}
     tables = tmp_path / "results/tables"
-    paired = pd.read_csv(tables / "toy-breakdown.csv")
+    seeds = pd.read_csv(tables / "toy-breakdown-hard_seeds.csv")
+    assert len(seeds) == 10 and (seeds.questions_drawn > 0).all() and (seeds.step_s > 0).all()
+    paired = pd.read_csv(tables / "toy-breakdown-hard.csv")
     assert len(paired) == 5 * (3 + 4) and (paired.n <= 2).all()
-    assert (paired[paired.what != "step time"].n == 2).all()  # the old log-probs have no timing of their own
+    assert (paired[paired.metric.isin(["Acc.", "Avg. Len."])].n == 2).all()
+    assert (paired[paired.what == "step time"].n <= 2).all()  # the old log-probs have no timing of their own
+    # AES (App. E) divides by the zero-shot accuracy: undefined where the test model solves no question
+    zero = json.loads((tmp_path / "results/eval/toy-hard-bd_zero-shot/toy/summary.json").read_text())["accuracy"]
+    assert (paired[paired.metric == "AES"].n == (2 if zero > 0 else 0)).all()
     assert set(zip(paired.method, paired.vs)) == {
         ("BFS-PO", "DAPO"), ("BFS-PO (first samples)", "BFS-PO"), ("DAPO (G=32)", "DAPO"), ("BFS-PO", "DAPO (G=32)"),
         ("BFS-PO (first samples, G=4, 4 trees/step)", "DAPO")}
-    text = (tables / "toy-breakdown.md").read_text()
+    text = (tables / "toy-breakdown-hard.md").read_text()
+    assert "Pairing checked" in text and "MDD (80%)" in text
     assert text.count("\n### ") == 5 + 3 and "### c - b: the filter" in text and "trees_all_correct" in text
     assert "### Against the zero-shot model" in text
     assert "### First samples during training" in text and "steps 2-2" in text  # 2-step runs: one step a window
-    figures = tmp_path / "results/figures/toy-breakdown"
-    assert (figures / "paired.png").is_file() and (figures / "seed_bands_toy-bd_toy.png").is_file()
+    figures = tmp_path / "results/figures/toy-breakdown-hard"
+    assert (figures / "paired.png").is_file() and (figures / "seed_bands_toy-hard-bd_toy-hard.png").is_file()
     runs = tmp_path / "results/runs"
     for arm in ("dapo", "bfspo", "bfspo-first", "dapo-g32", "bfspo-4q"):
         for seed in (0, 1):
-            rows = [json.loads(line) for line in (runs / f"toy-bd_toy_{arm}_s{seed}/metrics.jsonl").read_text().splitlines()]
+            rows = [json.loads(line) for line in (runs / f"toy-hard-bd_toy-hard_{arm}_s{seed}/metrics.jsonl").read_text().splitlines()]
             assert [r["rollout/batch_full"] for r in rows] == [1, 1], (arm, seed)
-    config_c = json.loads((runs / "toy-bd_toy_bfspo-first_s0/config.json").read_text())
+    config_c = json.loads((runs / "toy-hard-bd_toy-hard_bfspo-first_s0/config.json").read_text())
     assert config_c["filter"] == "first_samples" and config_c["k"] == 3
     trees = [SearchTree.from_dict(json.loads(line)) for seed in (0, 1)
-             for f in sorted((runs / f"toy-bd_toy_bfspo-first_s{seed}/trees").glob("*.jsonl"))
+             for f in sorted((runs / f"toy-hard-bd_toy-hard_bfspo-first_s{seed}/trees").glob("*.jsonl"))
              for line in f.read_text().splitlines()]
     dropped = [t for t in trees if not keep_tree(t, "first_samples")]
     assert all(len(t.leaves()) == 4 and not t.backtracking and t.stopped["reason"].startswith("first samples all")
