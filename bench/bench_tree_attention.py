@@ -5,7 +5,8 @@ Each measurement runs in a process of its own (peak RSS is per process): a rando
 `--shape` (with `--layers` layers), one K = 0 tree of G chains of `--chain` tokens after a
 `--prompt`-token prompt, G growing with the tokens, packed in one row; then the forward and backward
 pass of `packed_logprobs` with attention="dense" (a bool [T, T] mask turned into an additive mask of
-the model's dtype, what the previous packer fed to sdpa) or "tree". Printed: the peak RSS above the
+the model's dtype, what the previous packer fed to sdpa) or "blockwise" (the tree attention of a CPU
+run). Printed: the peak RSS above the
 RSS just before the step, in MiB, and its slope from the row above (MiB per 1k more tokens): linear
 memory shows as a constant slope; the dense path adds the [T, T] masks, listed for comparison.
 
@@ -75,7 +76,7 @@ def main() -> None:
     rows, previous = [], None
     for g in map(int, args.chains.split(",")):
         row = {}
-        for attention in ("dense", "tree"):
+        for attention in ("dense", "blockwise"):
             if attention == "dense" and g > args.dense_max:
                 row[attention] = None
                 continue
@@ -84,9 +85,9 @@ def main() -> None:
                    "--one-attention", attention, "--one-chains", str(g)]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             row[attention] = json.loads(out.strip().splitlines()[-1])
-        tokens = row["tree"]["tokens"]
+        tokens = row["blockwise"]["tokens"]
         cells = [tokens]
-        for attention in ("dense", "tree"):
+        for attention in ("dense", "blockwise"):
             r, p = row[attention], None if previous is None else previous[attention]
             cells.append("-" if r is None else r["step_mib"])
             slope = "-" if r is None or p is None else (r["step_mib"] - p["step_mib"]) / (tokens - previous["tokens"]) * 1024

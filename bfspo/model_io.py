@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from bfspo.device import resolve_device
 from bfspo.errors import BfspoError
 from bfspo.io import read_json
 
@@ -22,7 +23,8 @@ TOKENIZER_PROBE = "The answer is 42."
 
 
 def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """CUDA if torch can use it, else the CPU (`device: auto`, bfspo.device)."""
+    return resolve_device("auto")
 
 
 def default_dtype(device: torch.device) -> torch.dtype:

@@ -93,6 +93,10 @@ def test_overrides_are_yaml_scalars(tmp_path):
     (["model=m", "train_data=d", "per_request_seeds=1"], "per_request_seeds must be true, false or null, got 1"),
     (["model=m", "train_data=d", "max_num_seqs=0"], "max_num_seqs must be a positive integer"),
     (["model=m", "train_data=d", "collective_timeout_min=0"], "collective_timeout_min must be a positive integer"),
+    (["model=m", "train_data=d", "tree_attention=tree"],
+     "tree_attention must be one of ('auto', 'flex', 'blockwise', 'dense')"),
+    (["model=m", "train_data=d", "device=gpu"], "device must be one of ('auto', 'cuda', 'cpu')"),
+    (["model=m", "train_data=d", "attention_bucket=0"], "attention_bucket must be a positive integer"),
 ])
 def test_bad_config_names_the_problem(overrides, message):
     with pytest.raises(BfspoError, match=re.escape(message)):

@@ -10,7 +10,8 @@ import torch
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards
 from bfspo.errors import BfspoError
 from bfspo.algorithm.loss import policy_loss
-from bfspo.algorithm.packing import pack_trees, packed_logprobs, plan_micro_batches
+from bfspo.algorithm.attention_options import bucket_lengths
+from bfspo.algorithm.packing import pack_trees, packed_logprobs, pad_row, plan_micro_batches, row_buckets
 from bfspo.algorithm.tree import SearchTree
 from tests.helpers.previous_packing import previous_pack_trees
 from tests.helpers.trees import random_search_tree
@@ -68,7 +69,7 @@ def tokens_dfs(tree):
     return [(s, j) for s in tree.dfs() for j in range(len(tree.segments[s].token_ids))]
 
 
-@pytest.mark.parametrize("attention,attn", [("tree", "sdpa"), ("dense", "sdpa"), ("dense", "eager")])
+@pytest.mark.parametrize("attention,attn", [("blockwise", "sdpa"), ("dense", "sdpa"), ("dense", "eager")])
 @pytest.mark.parametrize("layout", ["tree", "flat"])
 def test_packed_logprobs_and_entropies_equal_per_chain_runs(model, attention, attn, layout):
     """Against the model's own attention on each chain alone; `dense` is the [T, T]-mask reference."""
@@ -344,3 +345,67 @@ def test_micro_batch_plan_keeps_whole_trees_and_refuses_a_budget_below_one_chain
     deepest = max(int(d) for t in trees for d in [t.segments[i].leaf.length for i in t.leaves()])
     with pytest.raises(BfspoError, match="micro_batch_tokens"):
         plan_micro_batches(trees, 5 + deepest - 1)
+
+
+# --- rows padded to bucket lengths (the compiled flex kernel) --------------------------------------
+
+
+@pytest.mark.parametrize("attention", ["blockwise", "dense"])
+def test_padding_a_row_to_a_bucket_changes_no_logprob_entropy_or_gradient(model, attention):
+    """Padding sees only itself and no token sees it: the entries' log-probs, entropies and the
+    gradient of a loss on them are those of the unpadded row (the padding spans whole query blocks
+    of the blockwise kernel, and shares one with the row's last tokens). In float64, where only
+    the summation order of the weights' gradients over more rows differs."""
+    model = model.double()
+    vocab = model.config.vocab_size
+    trees = [random_search_tree(40 + i, prompt_len=3 + i, vocab=vocab, group=4, k=3, max_len=20) for i in range(2)]
+    packed = pack_trees(trees)
+    t = packed.n_row_tokens
+    padded = pad_row(packed, t + 300)
+    assert padded.n_row_tokens == t + 300 and int(packed.ends.max()) == t  # no real interval reaches the padding
+    assert torch.equal(padded.ends, torch.cat([packed.ends, torch.arange(t + 1, t + 301)]))
+    assert torch.equal(padded.positions, packed.positions) and padded.n_entries == packed.n_entries
+    weights = torch.randn(packed.n_entries, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    results = []
+    for buckets in ((), (t - 1, t + 300, t + 600)):
+        model.zero_grad()
+        logprobs, entropies = packed_logprobs(model, packed, attention=attention, buckets=buckets)
+        (logprobs * weights).sum().backward()
+        results.append((logprobs.detach(), entropies, [p.grad.clone() for p in model.parameters()]))
+    (lp, ent, grads), (lp_pad, ent_pad, grads_pad) = results
+    torch.testing.assert_close(lp_pad, lp, atol=1e-12, rtol=0)
+    torch.testing.assert_close(ent_pad, ent, atol=1e-12, rtol=0)
+    for a, b in zip(grads_pad, grads):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+def test_flex_rows_are_padded_to_buckets_and_compiled_once_per_bucket(model, monkeypatch):
+    """Micro-batches of seven lengths run flex (uncompilable backward aside, as on CUDA: no_grad, as the
+    rescoring) at two bucket lengths: two compiles, and the blockwise kernel's log-probs. aot_eager
+    stands in for Inductor: the same Dynamo guards and graphs, no code generation."""
+    from torch._dynamo.utils import counters
+
+    from bfspo.algorithm import tree_attention
+
+    monkeypatch.setattr(tree_attention, "FLEX_BACKEND", "aot_eager")
+    monkeypatch.setattr(tree_attention, "_compiled_flex", None)
+    vocab = model.config.vocab_size
+    trees = [random_search_tree(60 + i, prompt_len=2 + i, vocab=vocab, group=3, k=i % 3, max_len=30) for i in range(7)]
+    buckets = row_buckets("flex", torch.device("cpu"), 768, 384)
+    assert buckets == bucket_lengths(768, 384) == (384, 768)
+    assert row_buckets("blockwise", torch.device("cpu"), 768, 384) == ()
+    assert row_buckets("auto", torch.device("cpu"), 768, 384) == ()  # auto is blockwise on CPU
+    torch._dynamo.reset()
+    counters.clear()
+    lengths = set()
+    with torch.no_grad():
+        for n in range(1, 8):
+            packed = pack_trees(trees[:n])
+            lengths.add(packed.n_row_tokens)
+            flex = packed_logprobs(model, packed, attention="flex", buckets=buckets)
+            blockwise = packed_logprobs(model, packed, attention="blockwise")
+            for a, b in zip(flex, blockwise):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert len(lengths) == 7 and min(lengths) <= 384 < max(lengths) <= 768
+    assert counters["stats"]["unique_graphs"] == 2
+    torch._dynamo.reset()

@@ -89,6 +89,23 @@ def test_train_settings_take_the_config_then_the_method_then_the_run(paper):
     assert "gradient_checkpointing=true" in args
 
 
+def test_gpu_jobs_ask_for_cuda_and_cpu_jobs_take_the_default(paper):
+    """A GPU class's train and evaluate jobs stop at once without CUDA (`device=cuda`) instead of
+    running on the CPU; a CPU class's jobs keep `auto`."""
+    run = "qwen2.5-7b_math_dapo_s0"
+    assert jobs.train_settings(paper, run)["device"] == "cuda"
+    assert "device=cuda" in shlex.split(jobs.train_args(paper, run))
+    args = shlex.split(jobs.eval_args(paper, run, "math500"))
+    assert args[args.index("--device") + 1] == "cuda"
+    assert "--device cuda" in jobs.eval_args(paper, "qwen2.5-3b_zero-shot", "gsm8k")
+    cfg = config("paper.yaml")
+    cfg["resources"]["8b"]["eval_gpus"] = 0  # evaluations of the class on the CPU
+    assert "--device" not in jobs.eval_args(Matrix(cfg), run, "math500")
+    toy = Matrix(config("config.yaml"))
+    toy_run = next(iter(toy.runs))
+    assert "device" not in jobs.train_settings(toy, toy_run) and "--device" not in jobs.eval_args(toy, toy_run, "toy")
+
+
 def test_eval_args(paper):
     args = shlex.split(jobs.eval_args(paper, "qwen2.5-7b_math_dapo_s0", "aime25"))
     assert args[:8] == ["--model", "Qwen/Qwen2.5-7B-Instruct", "--benchmark", "aime25", "--data",

@@ -145,6 +145,23 @@ def test_resume_after_kill(tiny_model_dir, train_data, tmp_path):
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / "adapter")
 
 
+@pytest.mark.parametrize("attention", ["blockwise", "dense", "auto"])
+def test_each_tree_attention_trains(tiny_model_dir, train_data, tmp_path, attention):
+    """`tree_attention`, the way out if flex fails on a cluster: one step through the trainer each."""
+    out = tmp_path / attention
+    proc = run_train(tiny_model_dir, train_data, out, steps=1, tree_attention=attention, micro_batch_tokens=256)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["train/optimizer_steps"] >= 1 and row["train/grad_norm"] > 0
+    assert json.loads((out / "config.json").read_text())["tree_attention"] == attention
+
+
+def test_flex_on_cpu_is_refused_before_the_rollout(tiny_model_dir, train_data, tmp_path):
+    proc = run_train(tiny_model_dir, train_data, tmp_path / "flex", tree_attention="flex")
+    assert proc.returncode == 2 and "set tree_attention: blockwise" in proc.stderr
+    assert not (tmp_path / "flex" / "metrics.jsonl").exists()
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"model": "/nonexistent/model"}, "no such model directory"),
     ({"train_data": "/nonexistent.jsonl"}, "no such file"),
@@ -172,7 +189,9 @@ def test_a_run_resumes_when_only_how_it_is_observed_changed(tiny_model_dir, trai
     out = tmp_path / "run"
     assert run_train(tiny_model_dir, train_data, out, steps=1, wandb_group="table-a").returncode == 0
     (out / "done.json").unlink()
-    proc = run_train(tiny_model_dir, train_data, out, steps=1, wandb_group="table-b", save_every=5)
+    # ... also with another tree attention or device setting (how and where, not what, it computes)
+    proc = run_train(tiny_model_dir, train_data, out, steps=1, wandb_group="table-b", save_every=5,
+                     tree_attention="blockwise", attention_bucket=1024, device="cpu")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((out / "done.json").read_text())["steps"] == 1
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1

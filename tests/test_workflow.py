@@ -113,6 +113,13 @@ def test_the_schemas_benchmarks_are_bfspos_registry():
     assert schema["$defs"]["benchmark"]["enum"] == list(BENCHMARKS)
 
 
+def test_the_schemas_tree_attentions_are_the_trainers():
+    from bfspo.algorithm.attention_options import ATTENTIONS
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    assert schema["$defs"]["train"]["properties"]["tree_attention"]["enum"] == list(ATTENTIONS)
+
+
 def test_a_learning_rate_in_exponent_notation_is_a_number(tmp_path):
     """`lr: 1e-4` (YAML 1.1 reads a string) is accepted as the command line accepts it."""
     path = tmp_path / "config.yaml"
@@ -131,7 +138,7 @@ def test_schema_covers_the_trainer_config():
     in_schema = set(schema["$defs"]["train"]["properties"])
     per_run = {"model", "train_data", "benchmark", "budget", "k", "selection", "advantage", "overlong", "seed",
                "tensor_parallel_size", "wandb_project", "wandb_group", "wandb_mode", "run_name", "method_key",
-               "model_label", "tables", "wandb_tags", "val_data", "val_benchmark"}
+               "model_label", "tables", "wandb_tags", "val_data", "val_benchmark", "device"}
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     assert in_schema <= fields, in_schema - fields
     assert per_run <= fields, per_run - fields

@@ -7,7 +7,7 @@ and one entropy per entry. The rest of the code only relies on what these functi
 tests pin it down against separate per-chain runs), so a faster layout can replace this one
 without touching the trainer.
 
-Layouts (one row, no padding: the rows of several trees are concatenated):
+Layouts (one row: the rows of several trees are concatenated, without padding between them):
 
 * "tree": per tree, the prompt, then every segment in depth-first order. Position ids are depths
   (prompt position + depth), and a token attends only to its tree's prompt and to its ancestors
@@ -40,8 +40,13 @@ in the logsumexp form, and under activation checkpointing when gradients are on,
 [tokens x vocab] tensor ever exists whole, in the forward or in the backward pass. This assumes
 logits = lm_head(last hidden state), true for Qwen2 and Llama (no logit soft-capping or scaling).
 
-What one micro-batch of T row tokens (T <= micro_batch_tokens), N needed positions (N <= T) and E
-entries materialises, for a model with hidden size h, Hq query and Hkv key/value heads of size d,
+Padding (`pad_row`): the compiled flex kernel is compiled once per row length, so `packed_logprobs`
+pads its row to the smallest of a few bucket lengths (`row_buckets`, bfspo.algorithm.attention_options)
+with tokens that see only themselves and that no token sees; no entry reads them. The other
+kernels take rows as they are.
+
+What one micro-batch of T row tokens (T <= micro_batch_tokens, padding included), N needed
+positions (N <= T) and E entries materialises, for a model with hidden size h, Hq query and Hkv key/value heads of size d,
 vocabulary V, in the model's dtype unless said otherwise:
 
 * inputs: input_ids, position_ids [1, T] and ends [T], int64; positions [N], parent, own,
@@ -59,6 +64,7 @@ vocabulary V, in the model's dtype unless said otherwise:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from typing import Sequence
 
@@ -68,10 +74,10 @@ from torch.utils.checkpoint import checkpoint
 
 from bfspo.errors import BfspoError
 from bfspo.algorithm.tree import SearchTree
-from bfspo.algorithm.tree_attention import NAME as TREE_ATTENTION, tree_attention_mode, tree_kwargs
+from bfspo.algorithm.attention_options import ATTENTIONS, bucket_lengths, padded_length
+from bfspo.algorithm.tree_attention import NAME as TREE_ATTENTION, default_kernel, tree_attention_mode, tree_kwargs
 
 LAYOUTS = ("tree", "flat")
-ATTENTIONS = ("tree", "dense")  # dense: the [T, T] reference mask, for tests and benchmarks only
 MASKED_ATTENTION = ("sdpa", "eager")  # implementations that apply a dense 4-D additive mask as given
 
 
@@ -104,6 +110,11 @@ class PackedBatch:
     def to(self, device) -> "PackedBatch":
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return PackedBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in values.items()})
+
+    @property
+    def n_row_tokens(self) -> int:
+        """T: the tokens of the row."""
+        return int(self.input_ids.shape[1])
 
     def dense_mask(self) -> torch.Tensor:
         """[T, T] bool: query i may attend key j. Quadratic: the reference, for tests and benchmarks."""
@@ -304,6 +315,49 @@ def pack_trees(trees: Sequence[SearchTree], layout: str = "tree", pieces: Sequen
     )
 
 
+PAD_ID = 0  # the token id of padding (any id of the vocabulary: nothing reads its output)
+
+
+def pad_row(packed: PackedBatch, length: int) -> PackedBatch:
+    """The row followed by `length - T` padding tokens, for a kernel compiled for rows of `length`
+    tokens. Each padding token j is its own interval [j, j + 1): it sees itself only (a query needs
+    one key: a softmax over none is undefined) and no other token sees it, since every real token's
+    interval ends within the real row. No entry reads a padding position, so padding changes no
+    log-prob, entropy or gradient (tests/test_packing.py)."""
+    t = packed.n_row_tokens
+    if length < t:
+        raise ValueError(f"cannot pad a row of {t} tokens to {length}")
+    extra = length - t
+    device = packed.input_ids.device
+    return PackedBatch(**{f.name: getattr(packed, f.name) for f in fields(packed)} | dict(
+        input_ids=torch.cat([packed.input_ids, torch.full((1, extra), PAD_ID, dtype=torch.long, device=device)], 1),
+        position_ids=torch.cat([packed.position_ids, torch.zeros((1, extra), dtype=torch.long, device=device)], 1),
+        ends=torch.cat([packed.ends, torch.arange(t + 1, length + 1, dtype=torch.long, device=device)])))
+
+
+def resolve_attention(attention: str, device: torch.device) -> str:
+    """The kernel that `attention` (ATTENTIONS) names on `device`: auto is flex on CUDA, blockwise elsewhere."""
+    if attention not in ATTENTIONS:
+        raise BfspoError(f"unknown tree attention {attention!r}; expected one of {ATTENTIONS}")
+    return default_kernel(device) if attention == "auto" else attention
+
+
+def attention_mode(model: torch.nn.Module, attention: str):
+    """A context that holds `model`'s attention for `attention` (ATTENTIONS) across a forward and a
+    backward pass (gradient checkpointing recomputes the attention in the backward pass): the tree
+    kernels' `tree_attention_mode`, or the model's own attention for the dense reference."""
+    if resolve_attention(attention, next(model.parameters()).device) == "dense":
+        return nullcontext()
+    return tree_attention_mode(model)
+
+
+def row_buckets(attention: str, device: torch.device, max_tokens: int, step: int) -> tuple[int, ...]:
+    """The lengths that rows of at most `max_tokens` tokens are padded to (`pad_row`): the bucket
+    lengths of bfspo.algorithm.attention_options where `attention` runs the compiled flex kernel,
+    which compiles once per row length; none (rows as they are) for the other kernels."""
+    return bucket_lengths(max_tokens, step) if resolve_attention(attention, device) == "flex" else ()
+
+
 def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor):
     """Log-sum-exp and entropy of every row of head(hidden), and the target logits of the given rows."""
     logits = head(hidden).float()
@@ -314,37 +368,39 @@ def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, rows: torch.Tensor,
     return lse, entropy, logits[rows, targets]
 
 
-def packed_logprobs(model: torch.nn.Module, packed: PackedBatch, chunk_size: int = 1024,
-                    attention: str = "tree") -> tuple[torch.Tensor, torch.Tensor]:
+def packed_logprobs(model: torch.nn.Module, packed: PackedBatch, chunk_size: int = 1024, attention: str = "auto",
+                    buckets: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs [E], entropies [E]) of the packed entries under `model` (float32).
 
     log-probs carry gradients when autograd is on; entropies (after each entry token) never do.
     `model` is a causal LM (or a peft wrapper of one) with get_decoder() and get_output_embeddings().
-    attention: "tree", the interval kernels of bfspo.algorithm.tree_attention (memory linear in
-    the tokens), or "dense", the model's own sdpa or eager attention under a [T, T] additive mask
-    (the reference: quadratic memory).
+    attention (ATTENTIONS): "flex" or "blockwise", the interval kernels of
+    bfspo.algorithm.tree_attention (memory linear in the tokens), "auto" (flex on CUDA, blockwise
+    elsewhere), or "dense", the model's own sdpa or eager attention under a [T, T] additive mask (the
+    reference: quadratic memory). buckets: lengths the row is padded to (the smallest that holds it,
+    `pad_row`) before the model runs; `row_buckets` gives those of the compiled flex kernel.
     """
-    if attention not in ATTENTIONS:
-        raise BfspoError(f"unknown attention {attention!r}; expected one of {ATTENTIONS}")
+    kernel = resolve_attention(attention, packed.input_ids.device)
     body, head = model.get_decoder(), model.get_output_embeddings()
     device = packed.input_ids.device
-    if attention == "tree":
+    row = pad_row(packed, padded_length(packed.n_row_tokens, buckets)) if buckets else packed
+    if kernel != "dense":
         if (torch.is_grad_enabled() and getattr(model, "is_gradient_checkpointing", False)
                 and model.config._attn_implementation != TREE_ATTENTION):
             raise BfspoError("gradient checkpointing recomputes the attention in the backward pass: run the forward "
                              "and the backward pass inside bfspo.algorithm.tree_attention.tree_attention_mode(model)")
         with tree_attention_mode(model):
-            hidden = body(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                          **tree_kwargs(packed.ends)).last_hidden_state
+            hidden = body(input_ids=row.input_ids, position_ids=row.position_ids, use_cache=False,
+                          **tree_kwargs(row.ends, kernel)).last_hidden_state
     else:
         attn = model.config._attn_implementation
         if attn not in MASKED_ATTENTION:
             raise BfspoError(f"the dense reference needs an attention implementation that takes a 4-D mask "
                              f"{MASKED_ATTENTION}, the model uses {attn!r}")
         dtype = model.get_input_embeddings().weight.dtype
-        mask = torch.zeros(packed.dense_mask().shape, dtype=dtype, device=device)
-        mask.masked_fill_(~packed.dense_mask(), torch.finfo(dtype).min)
-        hidden = body(input_ids=packed.input_ids, attention_mask=mask[None, None], position_ids=packed.position_ids,
+        allowed = row.dense_mask()
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        hidden = body(input_ids=row.input_ids, attention_mask=mask[None, None], position_ids=row.position_ids,
                       use_cache=False).last_hidden_state
     hidden = hidden[0][packed.positions]
 

@@ -9,27 +9,34 @@ One int64 per token describes the whole mask: no [T, T] mask is ever built. Seve
 pieces of trees, or flat chains) share one row without padding: a token's interval never reaches
 past its own tree. Two kernels compute softmax(q k^T * scale + mask) v from the intervals:
 
-* `blockwise_attention` (CPU): queries in blocks of `QUERY_BLOCK` tokens. A block gathers only the
-  keys that one of its queries can see (j < block end and ends[j] > block start: in a tree, the
-  block's ancestors), builds its [block, keys] additive mask from the intervals, and runs torch's
-  fused CPU attention kernel on them. A custom autograd Function saves only q, k, v, the output
-  and the row log-sum-exp, and runs the kernel's backward block by block (the flash-attention
-  recipe: probabilities are recomputed, never stored). Beyond the saved tensors it holds one block
-  at a time: the gathered keys and values repeated per query head, [Hq, keys, d] each, the mask
-  [block, keys], and the kernel's own block-sized buffers, where the keys of a block are at most the
-  prompt, the depth of its deepest token and the block itself, for tree rows.
+* `blockwise_attention` (CPU and CUDA): queries in blocks of `QUERY_BLOCK` tokens. A block gathers
+  only the keys that one of its queries can see (j < block end and ends[j] > block start: in a
+  tree, the block's ancestors), builds its [block, keys] additive mask from the intervals, and
+  attends: on CPU through torch's fused CPU attention kernel, elsewhere through plain tensor
+  operations in float32 (`_portable_forward`; torch has no device-independent fused kernel that
+  returns the log-sum-exp). A custom autograd Function saves only q, k, v, the output and the row
+  log-sum-exp, and runs the backward block by block (the flash-attention recipe: probabilities are
+  recomputed, never stored). Beyond the saved tensors it holds one block at a time: the gathered
+  keys and values repeated per query head, [Hq, keys, d] each, the mask [block, keys], and the
+  block's scores (float32 [Hq, block, keys] on the portable path; the fused kernel's own
+  block-sized buffers on CPU), where the keys of a block are at most the prompt, the depth of its
+  deepest token and the block itself, for tree rows. No compiler, any row length.
 * `flex_tree_attention` (CUDA): torch's compiled `flex_attention` with a BlockMask built directly
   from the intervals (`interval_block_mask`: an O((T / 128)^2) block map, never [T, T]), so
   blocks of keys that no query of a block can see are skipped. Flex attention saves q, k, v, the
-  output and the log-sum-exp, as above. (On CPU torch's flex attention has no backward pass and,
-  uncompiled, materialises the scores, hence the blockwise kernel there.)
+  output and the log-sum-exp, as above. It is compiled with static shapes, one kernel per row
+  length and autograd mode: the callers pad rows to a few lengths
+  (bfspo.algorithm.attention_options.bucket_lengths, bfspo.algorithm.packing.pad_row). On CPU
+  torch's flex attention has no backward pass, and uncompiled it materialises the scores, hence
+  the blockwise kernel there (and on CUDA if flex fails: TrainConfig `tree_attention`).
 
 `tree_attention_forward` is registered with transformers' AttentionInterface as "bfspo_tree";
-`tree_attention_mode(model)` switches a model to it, and the intervals (and on CUDA their BlockMask,
-`tree_kwargs`) travel to every attention layer as keyword arguments of the model call. Under
-gradient checkpointing the backward pass runs the layers again, with the same keyword arguments
-but the implementation that the model's config names then: the mode must span the backward pass
-(bfspo.training.accumulate holds it; `packed_logprobs` refuses a checkpointed forward without it).
+`tree_attention_mode(model)` switches a model to it, and the intervals, the kernel and (for flex)
+their BlockMask (`tree_kwargs`) travel to every attention layer as keyword arguments of the model
+call. Under gradient checkpointing the backward pass runs the layers again, with the same keyword
+arguments but the implementation that the model's config names then: the mode must span the
+backward pass (bfspo.training.accumulate holds it; `packed_logprobs` refuses a checkpointed
+forward without it).
 """
 
 from __future__ import annotations
@@ -38,11 +45,17 @@ from contextlib import contextmanager
 
 import torch
 
+from bfspo.algorithm.attention_options import KERNELS, MAX_BUCKETS
 from bfspo.errors import BfspoError
 
 NAME = "bfspo_tree"
 QUERY_BLOCK = 256  # queries per block of the blockwise kernel
 FLEX_BLOCK = 128  # flex attention's block size (torch's default)
+FLEX_EAGER_MAX_TOKENS = 1024  # uncompiled flex on CUDA: [Hq, T, T] scores, 4 MiB per head in float32 here
+# Compiled flex kernels one process may hold: a bucket length x autograd mode (gradients or not) x
+# dtype, with room to spare (Dynamo's default, 8, would be reached by 4 buckets).
+FLEX_RECOMPILE_LIMIT = 4 * MAX_BUCKETS
+FLEX_BACKEND = "inductor"  # torch.compile's backend for flex (the fused kernel; tests count compiles with aot_eager)
 
 
 def visible_keys(ends: torch.Tensor, q0: int, q1: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,6 +71,38 @@ _FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FLASH_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
+def _fused_cpu_forward(q, k, v, bias, scale):
+    return _FLASH_CPU(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+
+
+def _fused_cpu_backward(grad_out, q, k, v, out, lse, bias, scale):
+    return _FLASH_CPU_BACKWARD(grad_out, q, k, v, out, lse, 0.0, False, attn_mask=bias, scale=scale)
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """x in float32, or float64 if it is: the precision the portable kernel computes in."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _portable_forward(q, k, v, bias, scale):
+    """(softmax(q k^T scale + bias) v, its row log-sum-exp) of one block [1, H, block, d] against its
+    keys [1, H, keys, d], in float32 through plain tensor operations: any device."""
+    scores = torch.matmul(_wide(q), _wide(k).transpose(-1, -2)) * scale + bias
+    lse = torch.logsumexp(scores, -1)
+    return torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), _wide(v)).to(q.dtype), lse
+
+
+def _portable_backward(grad_out, q, k, v, out, lse, bias, scale):
+    """The gradients of `_portable_forward`'s output with respect to q, k and v, from the saved
+    log-sum-exp: P = exp(S - lse) recomputed, dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)) scale,
+    dQ = dS K, dK = dS^T Q (the flash-attention backward)."""
+    qw, kw, go = _wide(q), _wide(k), _wide(grad_out)
+    probs = torch.exp(torch.matmul(qw, kw.transpose(-1, -2)) * scale + bias - lse.unsqueeze(-1))
+    dv = torch.matmul(probs.transpose(-1, -2), go)
+    ds = probs * (torch.matmul(go, _wide(v).transpose(-1, -2)) - (go * _wide(out)).sum(-1, keepdim=True)) * scale
+    return torch.matmul(ds, kw).to(q.dtype), torch.matmul(ds.transpose(-1, -2), qw), dv
+
+
 def _block(k: torch.Tensor, v: torch.Tensor, ends: torch.Tensor, q0: int, q1: int, groups: int):
     """(key indices, their keys and values repeated for every query head, additive mask) of one query block."""
     keys, mask = visible_keys(ends, q0, q1)
@@ -66,44 +111,57 @@ def _block(k: torch.Tensor, v: torch.Tensor, ends: torch.Tensor, q0: int, q1: in
 
 
 class _BlockwiseTreeAttention(torch.autograd.Function):
-    """q [1, Hq, T, d], k and v [1, Hkv, T, d] (query head h reads key/value head h // (Hq / Hkv)), ends [T]."""
+    """q [1, Hq, T, d], k and v [1, Hkv, T, d] (query head h reads key/value head h // (Hq / Hkv)), ends [T];
+    `fused`: torch's fused CPU kernel per block, else the portable one."""
 
     @staticmethod
-    def forward(ctx, q, k, v, ends, scale, block):
+    def forward(ctx, q, k, v, ends, scale, block, fused):
+        attend = _fused_cpu_forward if fused else _portable_forward
         groups = q.shape[1] // k.shape[1]
         out, lse = torch.empty_like(q), None
         for q0 in range(0, q.shape[2], block):
             q1 = min(q0 + block, q.shape[2])
             _, kb, vb, bias = _block(k, v, ends, q0, q1, groups)
-            o, block_lse = _FLASH_CPU(q[:, :, q0:q1], kb, vb, 0.0, False, attn_mask=bias, scale=scale)
+            o, block_lse = attend(q[:, :, q0:q1], kb, vb, bias, scale)
             if lse is None:
                 lse = torch.empty(q.shape[:-1], dtype=block_lse.dtype, device=q.device)
             out[:, :, q0:q1], lse[:, :, q0:q1] = o, block_lse
         ctx.save_for_backward(q, k, v, ends, out, lse)
-        ctx.scale, ctx.block = scale, block
+        ctx.scale, ctx.block, ctx.fused = scale, block, fused
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, ends, out, lse = ctx.saved_tensors
+        attend_backward = _fused_cpu_backward if ctx.fused else _portable_backward
         groups = q.shape[1] // k.shape[1]
-        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dq = torch.empty_like(q)
+        wide = torch.promote_types(k.dtype, torch.float32)
+        dk, dv = torch.zeros(k.shape, dtype=wide, device=k.device), torch.zeros(v.shape, dtype=wide, device=v.device)
         for q0 in range(0, q.shape[2], ctx.block):
             q1 = min(q0 + ctx.block, q.shape[2])
             keys, kb, vb, bias = _block(k, v, ends, q0, q1, groups)
-            dqb, dkb, dvb = _FLASH_CPU_BACKWARD(grad_out[:, :, q0:q1].contiguous(), q[:, :, q0:q1], kb, vb,
-                                               out[:, :, q0:q1], lse[:, :, q0:q1], 0.0, False, attn_mask=bias,
-                                               scale=ctx.scale)
+            dqb, dkb, dvb = attend_backward(grad_out[:, :, q0:q1].contiguous(), q[:, :, q0:q1], kb, vb,
+                                            out[:, :, q0:q1], lse[:, :, q0:q1], bias, ctx.scale)
             dq[:, :, q0:q1] = dqb
-            dk.index_add_(2, keys, dkb.unflatten(1, (k.shape[1], groups)).sum(2))
-            dv.index_add_(2, keys, dvb.unflatten(1, (k.shape[1], groups)).sum(2))
-        return dq, dk, dv, None, None, None
+            dk.index_add_(2, keys, dkb.unflatten(1, (k.shape[1], groups)).sum(2).to(dk.dtype))
+            dv.index_add_(2, keys, dvb.unflatten(1, (k.shape[1], groups)).sum(2).to(dv.dtype))
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
 def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ends: torch.Tensor, scale: float,
-                        block: int = QUERY_BLOCK) -> torch.Tensor:
-    """Tree attention of one row on CPU: q [1, Hq, T, d], k and v [1, Hkv, T, d] -> [1, Hq, T, d]."""
-    return _BlockwiseTreeAttention.apply(q, k, v, ends, scale, block)
+                        block: int = QUERY_BLOCK, fused: bool | None = None) -> torch.Tensor:
+    """Tree attention of one row on any device: q [1, Hq, T, d], k and v [1, Hkv, T, d] -> [1, Hq, T, d].
+
+    fused: torch's fused CPU kernel per block (CPU tensors only); None takes it on CPU and the
+    portable float32 kernel elsewhere (the gradients of k and v accumulate in float32 either way).
+    """
+    if fused is None:
+        fused = q.device.type == "cpu"
+    elif fused and q.device.type != "cpu":
+        raise BfspoError(f"the fused blockwise kernel is torch's CPU kernel; tensors on {q.device.type} take the "
+                         "portable one (fused=None)")
+    return _BlockwiseTreeAttention.apply(q, k, v, ends, scale, block, fused)
 
 
 def interval_block_mask(ends: torch.Tensor, block: int = FLEX_BLOCK):
@@ -145,28 +203,76 @@ def interval_block_mask(ends: torch.Tensor, block: int = FLEX_BLOCK):
 _compiled_flex = None
 
 
+@contextmanager
+def flex_errors():
+    """Within the block, a failure of torch's compiler (Dynamo, Inductor, the recompile limit) is a
+    BfspoError that names the way out, TrainConfig `tree_attention: blockwise`. The backward pass of
+    a compiled kernel is compiled when it first runs, so the caller's backward pass belongs inside too."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
+    from torch._inductor.exc import InductorError
+
+    try:
+        yield
+    except (TorchDynamoException, FailOnRecompileLimitHit, InductorError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BfspoError(f"compiled flex attention failed ({type(e).__name__}: {first}); set `tree_attention: "
+                         "blockwise` (--set tree_attention=blockwise) to train without torch's compiler") from e
+
+
+def flex_refusal(device: str, heads: int, tokens: int, compiled: bool, backward: bool) -> str | None:
+    """Why flex attention must not run on a row of `tokens` tokens and `heads` query heads on
+    `device` (a device type), or None: torch has no flex backward pass on CPU, and uncompiled flex
+    materialises the [heads, T, T] scores, refused on CUDA above FLEX_EAGER_MAX_TOKENS tokens."""
+    if device == "cpu" and backward:
+        return ("flex attention has no backward pass on CPU: set `tree_attention: blockwise` (or `auto`, which "
+                "takes blockwise on CPU)")
+    if device == "cuda" and not compiled and tokens > FLEX_EAGER_MAX_TOKENS:
+        return (f"uncompiled flex attention materialises the [heads, T, T] scores ({heads} x {tokens} x {tokens} "
+                f"here); it is refused on CUDA above {FLEX_EAGER_MAX_TOKENS} tokens. Use the compiled kernel, or "
+                "set `tree_attention: blockwise`")
+    return None
+
+
 def flex_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask, scale: float,
                         compiled: bool = True) -> torch.Tensor:
     """Tree attention of one row through flex attention: q [1, Hq, T, d], k and v [1, Hkv, T, d],
     `block_mask` from `interval_block_mask`.
 
-    Compiled on CUDA (the fused kernel); `compiled=False` runs torch's reference implementation,
-    which materialises the scores: for checking the mask logic on CPU only.
+    Compiled (the fused kernel) with static shapes: one kernel per row length T and autograd mode,
+    up to FLEX_RECOMPILE_LIMIT kernels (rows padded to bucket lengths keep them few); past that,
+    or if compiling fails, a BfspoError naming `tree_attention: blockwise` (`flex_errors`), never a
+    silent fall-back to the uncompiled kernel. `compiled=False` runs torch's reference
+    implementation, which materialises the [Hq, T, T] scores: refused on CUDA above
+    FLEX_EAGER_MAX_TOKENS tokens. On CPU torch has no flex backward pass: inputs that require
+    gradients under autograd are refused.
     """
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
-    fn = flex_attention
-    if compiled:
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention)
-        fn = _compiled_flex
-    return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    refusal = flex_refusal(q.device.type, q.shape[1], q.shape[2], compiled,
+                           torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)))
+    if refusal:
+        raise BfspoError(refusal)
+    gqa = q.shape[1] != k.shape[1]
+    if not compiled:
+        return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False, backend=FLEX_BACKEND)
+    with flex_errors(), torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT,
+                                                   fail_on_recompile_limit_hit=True):
+        return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+
+def default_kernel(device: torch.device) -> str:
+    """The kernel of `tree_attention: auto`: flex on CUDA, blockwise elsewhere."""
+    return "flex" if device.type == "cuda" else "blockwise"
 
 
 def tree_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                           tree_ends=None, tree_block_mask=None, sliding_window=None, softcap=None, **kwargs):
-    """transformers' attention interface: (output [1, T, Hq, d], None) for one packed row."""
+                           tree_ends=None, tree_kernel=None, tree_block_mask=None, sliding_window=None, softcap=None,
+                           **kwargs):
+    """transformers' attention interface: (output [1, T, Hq, d], None) for one packed row, through
+    `tree_kernel` (KERNELS; None: `default_kernel` of the row's device)."""
     if tree_ends is None:
         raise BfspoError("tree attention needs the row's intervals (`tree_ends`): call the model through "
                          "bfspo.algorithm.packing.packed_logprobs")
@@ -176,13 +282,14 @@ def tree_attention_forward(module, query, key, value, attention_mask, scaling=No
     if query.shape[0] != 1:
         raise BfspoError(f"tree attention takes one packed row, got a batch of {query.shape[0]}")
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    if query.device.type == "cuda":
+    kernel = tree_kernel or default_kernel(query.device)
+    if kernel == "flex":
         mask = interval_block_mask(tree_ends) if tree_block_mask is None else tree_block_mask
         out = flex_tree_attention(query, key, value, mask, scale)
-    elif query.device.type == "cpu":
+    elif kernel == "blockwise":
         out = blockwise_attention(query, key, value, tree_ends, scale)
     else:
-        raise BfspoError(f"tree attention runs on CUDA (flex attention) or CPU, not on {query.device.type}")
+        raise BfspoError(f"unknown tree attention kernel {kernel!r}; expected one of {KERNELS}")
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -207,10 +314,11 @@ def tree_attention_mode(model):
         config._attn_implementation = previous
 
 
-def tree_kwargs(ends: torch.Tensor) -> dict:
+def tree_kwargs(ends: torch.Tensor, kernel: str) -> dict:
     """The keyword arguments that a model call passes on to its attention layers: the row's
-    intervals and, on CUDA, their BlockMask, built once per forward rather than once per layer."""
-    kwargs = {"tree_ends": ends}
-    if ends.device.type == "cuda":
+    intervals, the kernel (KERNELS) and, for flex, their BlockMask, built once per forward rather
+    than once per layer."""
+    kwargs = {"tree_ends": ends, "tree_kernel": kernel}
+    if kernel == "flex":
         kwargs["tree_block_mask"] = interval_block_mask(ends)
     return kwargs

@@ -42,6 +42,7 @@ from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.rollout import make_engine
 from bfspo.rollout.base import Completion, RolloutEngine, needed_model_len
 from bfspo import console, runlock
+from bfspo.device import DEVICES, resolve_device
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl, write_json, write_jsonl
 from bfspo.evaluation.metrics import bootstrap_ci
@@ -66,6 +67,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's); 1 where jobs share cores")
     parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="cuda: stop at once without a usable CUDA device (the workflow's GPU size classes pass "
+                             "it); auto: CUDA if usable, else the CPU (bfspo/device.py)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="vLLM on a GPU: the fraction of its memory vLLM may take (an evaluation has the GPU "
                              "to itself)")
@@ -194,7 +198,7 @@ def build_engine(args, tokenizer, max_model_len: int) -> RolloutEngine:
         return make_engine("vllm", None, tokenizer, model_path=args.model, adapter=args.adapter,
                            max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
                            max_model_len=max_model_len, seed=args.seed, per_request_seeds=args.per_request_seeds)
-    model, _ = load_model(args.model, args.adapter)
+    model, _ = load_model(args.model, args.adapter, device=resolve_device(args.device))
     return make_engine("transformers", model, tokenizer, batch_size=args.batch_size)
 
 
@@ -259,6 +263,7 @@ def protocol_of(args) -> tuple[int, int, float]:
 
 def run(args) -> int:
     protocol_of(args)  # before the lock creates the output folder
+    resolve_device(args.device)  # a GPU job without CUDA stops here, within seconds
     with runlock.hold(args.out_dir, "evaluate"):
         return evaluate(args)
 

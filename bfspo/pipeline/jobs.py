@@ -145,9 +145,16 @@ def cli_value(value) -> str:
     return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
+def device(m: Matrix, run: str, stage: str) -> str | None:
+    """The `device` of a job: `cuda` on a GPU class (the job stops at once where CUDA is not usable,
+    rather than run on the CPU until its time limit: bfspo/device.py); None (the default, `auto`)
+    on a CPU class."""
+    return "cuda" if gpus(m, run, stage) else None
+
+
 def train_settings(m: Matrix, run: str) -> dict:
     """Every TrainConfig field of one run that the workflow sets: the config's `train`, then its
-    size class's, then its method's, then the run's own fields."""
+    size class's, then its method's, then the run's own fields (`device` from its size class)."""
     cfg = m.config
     spec = m.runs[run]
     model = cfg["models"][spec["model"]]
@@ -159,6 +166,7 @@ def train_settings(m: Matrix, run: str) -> dict:
         | method.get("train", {})
         | {key: train_set[key] for key in ("val_data", "val_benchmark") if key in train_set}
         | ({"wandb_tags": m.wandb["tags"]} if m.wandb.get("tags") else {})
+        | ({"device": device(m, run, "train")} if device(m, run, "train") else {})
         | dict(
             model=model["path"],
             train_data=train_set["data"],
@@ -205,7 +213,7 @@ def sft_wandb_args(m: Matrix, name: str) -> str:
 
 
 def eval_args(m: Matrix, run: str, bench: str) -> str:
-    """`bfspo evaluate` options of one (run, benchmark): model, adapter, protocol, meta."""
+    """`bfspo evaluate` options of one (run, benchmark): model, adapter, protocol, device, meta."""
     cfg, evaluation = m.config, m.evaluation
     model = m.model_of(run)
     b = cfg["benchmarks"][bench]
@@ -213,6 +221,8 @@ def eval_args(m: Matrix, run: str, bench: str) -> str:
     args += [x for key in ("samples", "temperature") if key in b for x in (f"--{key}", b[key])]
     args += [x for key in EVAL_OPTIONS if key in evaluation for x in (f"--{key.replace('_', '-')}", evaluation[key])]
     args += ["--seed", evaluation.get("seed", 0)]
+    if device(m, run, "eval"):
+        args += ["--device", device(m, run, "eval")]
     meta = dict(run=run, model=model, model_label=cfg["models"][model]["label"], method=ZERO_SHOT,
                 tables=",".join(m.tables_of(run)))
     if run in m.runs:

@@ -5,7 +5,8 @@ which vLLM does not return, and the PPO ratio of Eq. 10 needs log pi_old as the 
 it (docs/algorithm.md, "Old log-probs"). `RescoredEngine` wraps such an engine: after each
 `generate` it runs no-grad, tree-packed forwards of the training model (eval mode: no dropout;
 its own dtype) over each context and its n continuations (the context is computed once,
-bfspo.algorithm.packing), in micro-batches of at most `micro_batch_tokens` row tokens, and
+bfspo.algorithm.packing), in micro-batches of at most `micro_batch_tokens` row tokens, through the
+update's tree attention (and, for flex, its bucket lengths), and
 replaces the log-probs and entropies with the training model's values. These are the old
 log-probs the update uses: one training-side forward gives both, and no pass recomputes them.
 The first step's entropy (the distribution at the context's end) is left NaN: the search tree
@@ -22,7 +23,8 @@ import time
 
 import numpy as np
 
-from bfspo.algorithm.packing import pack_trees, packed_logprobs, plan_micro_batches
+from bfspo.algorithm.attention_options import BUCKET_TOKENS
+from bfspo.algorithm.packing import pack_trees, packed_logprobs, plan_micro_batches, row_buckets
 from bfspo.algorithm.tree import SearchTree
 from bfspo.rollout.hf_engine import rollout_mode
 
@@ -32,8 +34,9 @@ NAN = float("nan")
 class RescoredEngine:
     """A RolloutEngine whose completions carry the training model's log-probs and entropies."""
 
-    def __init__(self, engine, model, micro_batch_tokens: int):
+    def __init__(self, engine, model, micro_batch_tokens: int, attention: str = "auto", bucket: int = BUCKET_TOKENS):
         self.engine, self.model, self.micro_batch_tokens = engine, model, micro_batch_tokens
+        self.attention, self.bucket = attention, bucket  # as the update's (bfspo.training.accumulate)
         self._stats = self._empty_stats()
 
     @staticmethod
@@ -76,12 +79,13 @@ class RescoredEngine:
 
     def _rescore(self, trees: list[SearchTree], groups: list[list]) -> None:
         device = next(self.model.parameters()).device
+        buckets = row_buckets(self.attention, device, self.micro_batch_tokens, self.bucket)
         logprobs = [np.empty(t.n_tokens) for t in trees]
         entropies = [np.empty(t.n_tokens) for t in trees]
         with rollout_mode(self.model):
             for pieces in plan_micro_batches(trees, self.micro_batch_tokens):
                 packed = pack_trees(trees, pieces=pieces)
-                lp, ent = packed_logprobs(self.model, packed.to(device))
+                lp, ent = packed_logprobs(self.model, packed.to(device), attention=self.attention, buckets=buckets)
                 lp, ent = lp.cpu().numpy(), ent.cpu().numpy()
                 where, token = packed.tree_index.numpy(), packed.token_index.numpy()
                 for t in np.unique(where):

@@ -21,9 +21,10 @@ from typing import Sequence
 
 import torch
 
+from bfspo.algorithm.attention_options import BUCKET_TOKENS
 from bfspo.algorithm.loss import policy_loss
-from bfspo.algorithm.packing import pack_trees, packed_logprobs, plan_micro_batches
-from bfspo.algorithm.tree_attention import tree_attention_mode
+from bfspo.algorithm.packing import attention_mode, pack_trees, packed_logprobs, plan_micro_batches, row_buckets
+from bfspo.algorithm.tree_attention import flex_errors
 
 
 @dataclass
@@ -50,20 +51,26 @@ def merge_loss_stats(parts: Sequence[dict]) -> dict:
 
 
 def minibatch_backward(model: torch.nn.Module, trees: Sequence, *, micro_batch_tokens: int, normalizer: float,
-                       eps_low: float, eps_high: float) -> Accumulated:
+                       eps_low: float, eps_high: float, attention: str = "auto",
+                       bucket: int = BUCKET_TOKENS) -> Accumulated:
     """Backward passes of this rank's trees of one mini-batch, one micro-batch at a time: the
     gradients accumulate in the parameters' .grad, each micro-batch's loss divided by `normalizer`
-    (the mini-batch's entry count over all ranks). Also measures |log pi_theta - log pi_old| on the
-    tokens (bfspo.training.trainer logs it as the rollout/trainer log-prob gap)."""
+    (the mini-batch's entry count over all ranks). `attention` is the tree attention (TrainConfig
+    `tree_attention`); for the flex kernel each row is padded to a multiple of `bucket` tokens
+    (`row_buckets`). Also measures |log pi_theta - log pi_old| on the tokens
+    (bfspo.training.trainer logs it as the rollout/trainer log-prob gap)."""
     out = Accumulated()
     if not trees:
         return out
     device = next(model.parameters()).device
+    buckets = row_buckets(attention, device, micro_batch_tokens, bucket)
     parts = []
     for pieces in plan_micro_batches(trees, micro_batch_tokens):
         packed = pack_trees(trees, pieces=pieces).to(device)
-        with tree_attention_mode(model):  # also for the backward pass: checkpointing recomputes the attention
-            logprobs, _ = packed_logprobs(model, packed)
+        # The mode spans the backward pass: checkpointing recomputes the attention there, and the
+        # compiled flex kernel's backward is compiled when it first runs.
+        with attention_mode(model, attention), flex_errors():
+            logprobs, _ = packed_logprobs(model, packed, attention=attention, buckets=buckets)
             loss, stats = policy_loss(logprobs, packed.old_logprobs, packed.advantages, eps_low=eps_low,
                                       eps_high=eps_high, normalizer=normalizer)
             loss.backward()

@@ -19,8 +19,10 @@ from pathlib import Path
 import yaml
 
 from bfspo.algorithm.advantages import FILTERS, KINDS
+from bfspo.algorithm.attention_options import ATTENTIONS, BUCKET_TOKENS, MAX_BUCKETS
 from bfspo.algorithm.rewards import WINDOWS
 from bfspo.algorithm.search import SELECTIONS
+from bfspo.device import DEVICES
 from bfspo.errors import BfspoError
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -32,7 +34,11 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 OBSERVATION_FIELDS = frozenset({"threads", "save_every", "log_trees", "wandb_project", "wandb_group", "wandb_mode",
                                 "wandb_tags", "run_name", "method_key", "model_label", "tables", "val_every",
                                 "val_data", "val_benchmark", "val_questions", "collective_timeout_min",
-                                "micro_batch_tokens"})  # memory only: a run resumes with a smaller one after an OOM
+                                "micro_batch_tokens",  # memory only: a run resumes with a smaller one after an OOM
+                                # how the same attention is computed (float rounding only): a run whose
+                                # flex kernel fails resumes with tree_attention: blockwise
+                                "tree_attention", "attention_bucket",
+                                "device"})  # where: `cuda` (the workflow's GPU classes) is `auto` on a GPU node
 
 
 MAX_LR = 1.0
@@ -159,6 +165,23 @@ class TrainConfig:
                 "It must exceed the longest prompt plus the budget. The GPU memory of the update scales with it "
                 "(as verl's ppo_max_token_len_per_gpu, whose default 16384 is ours); changing it changes no result "
                 "beyond float rounding."})
+    tree_attention: str = field(default="auto", metadata={
+        "help": "The attention kernel of the update's and the rescoring's packed rows (bfspo/algorithm/"
+                "attention_options.py): 'flex' (torch's compiled flex attention: fast, CUDA), 'blockwise' (query "
+                "blocks through torch's attention kernels: no compiler, CPU and CUDA), 'dense' (a [T, T] mask: the "
+                "reference, quadratic memory), 'auto' (flex on CUDA, blockwise on CPU). If flex fails to compile "
+                "or run on a cluster, 'blockwise' is the way out: same results up to float rounding, slower on "
+                "GPUs; a run resumes with it."})
+    attention_bucket: int = field(default=BUCKET_TOKENS, metadata={
+        "help": "flex only: each packed row is padded to the next multiple of this many tokens (at most "
+                "micro_batch_tokens), so that flex is compiled once per length (and autograd mode), not once per "
+                f"row; at most {MAX_BUCKETS} lengths (a larger step where micro_batch_tokens / attention_bucket "
+                "would give more). Smaller: less padding, more compiles (each some seconds to a minute, at the "
+                "first row of its length)."})
+    device: str = field(default="auto", metadata={
+        "help": "'cuda', 'cpu' or 'auto' (CUDA if torch can use it, else the CPU). 'cuda' without a usable CUDA "
+                "device stops the run at once, naming torch's CUDA build, the driver and CUDA_VISIBLE_DEVICES "
+                "(bfspo/device.py); the workflow passes it to the jobs of GPU size classes."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in the backward pass."})
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)."})
     seed: int = field(default=0, metadata={"help": "Seed of the data order, the rollouts and LoRA's initialisation."})
@@ -206,13 +229,14 @@ class TrainConfig:
             raise BfspoError(f"config: lora_target_modules must be a non-empty list of module names, got {modules!r}")
         choices = {"selection": SELECTIONS, "advantage": KINDS, "overlong_window": WINDOWS,
                    "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled"),
-                   "batch_unit": ("chains", "prompts"), "filter": FILTERS}
+                   "batch_unit": ("chains", "prompts"), "filter": FILTERS, "tree_attention": ATTENTIONS,
+                   "device": DEVICES}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise BfspoError(f"config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
         positive = ["group_size", "budget", "steps", "train_batch", "mini_batch", "max_gen_rounds",
                     "max_empty_steps", "lora_r", "lora_alpha", "rollout_batch_size", "tensor_parallel_size", "save_every",
-                    "val_questions", "micro_batch_tokens", "max_num_seqs", "collective_timeout_min"]
+                    "val_questions", "micro_batch_tokens", "max_num_seqs", "collective_timeout_min", "attention_bucket"]
         for name in positive:
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise BfspoError(f"config: {name} must be a positive integer, got {getattr(self, name)!r}")

@@ -22,12 +22,13 @@ import torch
 import torch.distributed as dist
 
 
-def setup(timeout_min: int) -> tuple[int, int]:
+def setup(timeout_min: int, device: torch.device) -> tuple[int, int]:
     """(rank, world size); initialises the process group when launched by torchrun, with a collective
-    timeout of `timeout_min` minutes (a rank that waits longer in a collective fails the run)."""
+    timeout of `timeout_min` minutes (a rank that waits longer in a collective fails the run): NCCL
+    for ranks on CUDA `device`s, gloo on the CPU."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend, timeout=timedelta(minutes=timeout_min))

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from bfspo import console, runlock
+from bfspo.device import resolve_device
 from bfspo.training import batching, checkpoint, dist, step_metrics, validation
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
 from bfspo.training.config import OBSERVATION_FIELDS, TrainConfig, load_train_config
@@ -127,17 +128,17 @@ class Trainer:
         from peft import LoraConfig, get_peft_model
 
         from bfspo.rollout import make_engine
-        from bfspo.model_io import default_device, load_model
+        from bfspo.model_io import load_model
 
         self.cfg, self.run_dir = cfg, run_dir
-        self.rank, self.world = dist.setup(cfg.collective_timeout_min)
+        device = resolve_device(cfg.device)
+        self.rank, self.world = dist.setup(cfg.collective_timeout_min, device)
         self.rank_chains = cfg.rank_chains(self.world)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        device = default_device()
         if device.type == "cuda" and self.world > 1:
             device = torch.device("cuda", torch.cuda.current_device())
         base, self.tokenizer = load_model(cfg.model, device=device)
@@ -161,7 +162,8 @@ class Trainer:
                 tensor_parallel_size=cfg.tensor_parallel_size, gpu_memory_utilization=cfg.gpu_memory_utilization,
                 max_model_len=needed_model_len([len(q.prompt_ids) for q in self.questions], cfg.budget),
                 seed=int(np.random.SeedSequence([cfg.seed, self.rank]).generate_state(1)[0]),
-                per_request_seeds=cfg.per_request_seeds, sleep_mode=True, micro_batch_tokens=cfg.micro_batch_tokens)
+                per_request_seeds=cfg.per_request_seeds, sleep_mode=True, micro_batch_tokens=cfg.micro_batch_tokens,
+                attention=cfg.tree_attention, bucket=cfg.attention_bucket)
         else:
             self.engine = make_engine("transformers", self.model, self.tokenizer, batch_size=cfg.rollout_batch_size)
         self.step, self.nonfinite, self.empty_steps, self.tokens_seen = 0, 0, 0, 0
@@ -246,7 +248,8 @@ class Trainer:
             mine = [trees[i] for r, i in mb if r == self.rank]
             acc = minibatch_backward(self.model, mine, micro_batch_tokens=cfg.micro_batch_tokens,
                                      normalizer=dist.sum_scalar(sum(n_entries(t) for t in mine)),
-                                     eps_low=cfg.eps_low, eps_high=cfg.eps_high)
+                                     eps_low=cfg.eps_low, eps_high=cfg.eps_high, attention=cfg.tree_attention,
+                                     bucket=cfg.attention_bucket)
             if acc.stats:
                 stats.append(acc.stats)
             if gap is None:  # the first mini-batch, still at the rollout's weights
@@ -501,7 +504,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.config, args.set)
     run_dir = Path(args.output_dir)
-    rank, _ = dist.setup(cfg.collective_timeout_min)
+    device = resolve_device(cfg.device)  # before anything else: a GPU job without CUDA stops here
+    if cfg.tree_attention == "flex" and device.type != "cuda":
+        raise BfspoError(f"tree_attention: flex trains on CUDA only (torch has no flex attention backward pass on "
+                         f"{device.type}); set tree_attention: blockwise, or auto")
+    rank, _ = dist.setup(cfg.collective_timeout_min, device)
     with runlock.hold(run_dir, "train") if rank == 0 else contextlib.nullcontext():
         fresh = prepare_run_dir(cfg, run_dir) if rank == 0 else True
         if not dist.gather(fresh)[0]:

@@ -19,7 +19,7 @@ from tests.helpers.trees import load_float32_model
 
 model_dir, trees_file, budget, out = sys.argv[1:5]
 torch.set_num_threads(1)
-rank, world = dist.setup(timeout_min=5)
+rank, world = dist.setup(timeout_min=5, device=torch.device("cpu"))
 model = load_float32_model(model_dir)
 trees = [SearchTree.from_dict(json.loads(line)) for line in Path(trees_file).read_text().splitlines()]
 mine = trees[rank::world]
