@@ -258,7 +258,9 @@ def flex_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
     if _compiled_flex is None:
         _compiled_flex = torch.compile(flex_attention, dynamic=False, backend=FLEX_BACKEND)
-    with flex_errors(), torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT,
+    # suppress_errors (which another library may have set) would run flex uncompiled after a failed
+    # compile, and Dynamo refuses it beside fail_on_recompile_limit_hit
+    with flex_errors(), torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT, suppress_errors=False,
                                                    fail_on_recompile_limit_hit=True):
         return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
