@@ -190,10 +190,10 @@ def test_flex_is_compiled_with_static_shapes_and_never_falls_back_to_the_uncompi
     monkeypatch.setattr(tree_attention, "FLEX_BACKEND", "aot_eager")
     monkeypatch.setattr(tree_attention, "_compiled_flex", None)
     monkeypatch.setattr(tree_attention, "FLEX_RECOMPILE_LIMIT", 2)
-    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", True)  # as a library may leave it: flex turns it off
     torch._dynamo.reset()
     counters.clear()
-    with torch.no_grad():
+    # suppress_errors as a library may leave it: flex turns it off
+    with torch.no_grad(), torch._dynamo.config.patch(suppress_errors=True):
         for t in (130, 130, 260, 260):
             q, k, v, ends = flex_inputs(t, t)
             flex_tree_attention(q, k, v, interval_block_mask(ends), 0.25)
