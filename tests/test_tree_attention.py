@@ -167,9 +167,11 @@ def flex_inputs(t: int, seed: int):
     return q, k, v, random_ends(seed, t, 0.03)
 
 
+@pytest.mark.slow
 def test_compiled_flex_equals_the_blockwise_kernel_compiling_once_per_row_length():
     """The CUDA kernel, compiled by Inductor for the CPU (forward only: torch has no flex backward on
-    CPU), at three row lengths with GQA; a second tree at a length seen before compiles nothing."""
+    CPU), at three row lengths with GQA; a second tree at a length seen before compiles nothing.
+    Three C++ compiles: about 50 s on one shared core with an empty Inductor cache, 3 s with it."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
