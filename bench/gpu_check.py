@@ -17,7 +17,8 @@ every part, so a run cut off at any point still returns what it measured:
    peak memory and trained tokens/s beside the plan's (bench/bench_plan_memory.py).
 3. generation: the transformers engine's tokens/s at the Qwen2.5-0.5B shape (bench/bench_rollout.py).
 4. toy: toy data, a toy model fine-tuned on the device, then a few steps of DAPO and BFS-PO
-   (`bfspo train`, bf16 on CUDA), their per-step figures from metrics.jsonl.
+   (`bfspo train`, bf16 on CUDA), their per-step figures from metrics.jsonl, and the two runs
+   against their plans (bench/plan_vs_run.py).
 
     python -m bench.gpu_check --out OUT                  # on the GPU (bench/gpu_session.sh wraps it)
     python -m bench.gpu_check --out OUT --preset tiny    # CPU rehearsal (make gpu-session-rehearsal)
@@ -262,6 +263,10 @@ def toy(out: Path, cfg: dict) -> None:
         result[f"train {name}"] |= {"steps": len(rows), "medians": medians}
         lines.append("  " + ", ".join(f"{m.split('/')[1]} {v:.3g}" for m, v in medians.items()) + "\n")
         write(out, "toy", result, "".join(lines))
+    against = subprocess.run([sys.executable, "-m", "bench.plan_vs_run", str(work / "runs/dapo"), str(work / "runs/bfspo")],
+                             check=True, capture_output=True, text=True).stdout
+    result["plan_vs_run"] = against
+    write(out, "toy", result, "".join(lines) + against)
 
 
 # ---- the driver --------------------------------------------------------------------------------------
@@ -309,14 +314,14 @@ def summary(out: Path, env: str, done: list) -> None:
     (out / "summary.md").write_text("".join(md))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--preset", default="gpu", choices=sorted(PRESETS))
     p.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="which parts, in this order")
     p.add_argument("--total-s", type=float, default=TOTAL_S, help="time for all parts together")
     p.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # the child process of one part
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part:
         globals()[args.part](args.out, PRESETS[args.preset][args.part])
