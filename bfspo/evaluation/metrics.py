@@ -3,12 +3,14 @@ the paper's printed AES values against its own formula."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import pandas as pd
 
 from bfspo.errors import BfspoError
+
+if TYPE_CHECKING:  # imported where used: `bfspo evaluate` runs without pandas (bench/gpu_check.py)
+    import pandas as pd
 
 # The precision the paper prints: accuracy to 0.1 point, length to 1 token, AES to 0.01.
 ACC_HALF_STEP, LEN_HALF_STEP, AES_HALF_STEP = 0.05, 0.5, 0.005
@@ -70,6 +72,8 @@ def aes_consistency(reported: pd.DataFrame) -> pd.DataFrame:
     (AES grows with accuracy and shrinks with length, so the corners give the range). The row is
     consistent when the printed AES, itself rounded to 0.01, lies within 0.005 of that range.
     """
+    import pandas as pd
+
     zero_shot = reported[reported.method == "zero-shot"]
     out = []
     for row in reported[reported.method != "zero-shot"].itertuples():

@@ -43,7 +43,12 @@ def assumptions_text() -> str:
         f"{a.decode_mfu:.0%} MFU, concurrency min(max_num_seqs, what the KV cache holds)",
         f"  groups with signal {a.keep_fraction:.0%}; an expansion regenerates {a.expansion_share:.0%} of a chain; "
         f"answers {', '.join(f'{k} {v:.2f}' for k, v in a.answer_fraction)} x budget",
-        f"  {a.job_start_s:.0f} s to start a job, {a.step_overhead_s:.0f} s per step; checkpoints written at "
+        f"  served LoRA adapters decode {a.lora_decode_overhead:.0%} slower; each engine call (K + 1 waves per "
+        f"generation round, one per evaluation batch) ends with a tail of (budget - mean answer) decode steps at "
+        f"half its concurrency; vLLM preempts and recomputes, half-way, the share of max_num_seqs whose KV does "
+        f"not fit",
+        f"  {a.job_start_s:.0f} s to start a job, + {a.engine_start_s:.0f} s for vLLM's engine, + {a.compile_s:.0f} s "
+        f"of flex attention compiles per training attempt; {a.step_overhead_s:.0f} s per step; checkpoints written at "
         f"{CHECKPOINT_BYTES_S / 1e6:.0f} MB/s; time limits and warning = plan x {SAFETY}",
         f"  CUDA context {g(CUDA_CONTEXT)} GiB per process; a sleeping vLLM keeps {g(VLLM_ASLEEP)} GiB; the head "
         f"runs {HEAD_CHUNK_ROWS} rows at a time",
@@ -61,14 +66,17 @@ def train_line(p: TrainPlan) -> str:
             f"{_terms(p.memory.terms)} | update: vLLM asleep {g(p.peak_asleep)}, resident {g(p.peak_resident)}; "
             f"activations@{p.micro_batch_tokens} {g(p.activations_checkpointed)} checkpointed, "
             f"{g(p.activations_full)} not{vllm} | {p.decode_tok_s / 1e3:.1f}k tok/s; {p.generated_tokens / 1e6:.1f}M "
-            f"generated, {p.trained_tokens / 1e6:.1f}M trained per step: {p.step_s / 60:.1f} min x {p.steps} = "
+            f"generated, {p.trained_tokens / 1e6:.1f}M trained per step: {p.step_s / 60:.1f} min "
+            f"({', '.join(f'{k} {v / 60:.1f}' for k, v in p.step_parts.items())}; {p.waves} waves, "
+            f"{p.preempted:.0%} preempted) x {p.steps} + {p.start_s / 60:.1f} min start per attempt = "
             f"{p.gpu_hours:.0f} GPU-h | checkpoint {p.checkpoint_bytes / 1e6:.0f} MB every {p.save_every} | "
             f"limit {p.runtime_min} min x {p.attempts}, USR1@{p.signal_s}s")
 
 
 def eval_line(p: EvalPlan) -> str:
     return (f"evaluate {p.run} {p.benchmark}: {p.gpus} GPU | peak {g(p.memory.peak)}/{g(p.gpu_mem)} GiB = "
-            f"{_terms(p.memory.terms)}, {p.concurrency:.0f} seqs of {p.max_model_len} | {p.decode_tok_s / 1e3:.1f}k "
+            f"{_terms(p.memory.terms)}, {p.concurrency:.0f} seqs of {p.max_model_len}, {p.preempted:.0%} preempted | "
+            f"{p.decode_tok_s / 1e3:.1f}k "
             f"tok/s: {p.seconds / 60:.1f} min, {p.gpu_hours:.2f} GPU-h | limit {p.runtime_min} min")
 
 

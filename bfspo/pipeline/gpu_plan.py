@@ -30,7 +30,8 @@ from bfspo.pipeline.matrix import Matrix
 from bfspo.pipeline.memory import GIB
 from bfspo.pipeline.shapes import Shape, load_shape
 from bfspo.pipeline.throughput import (ASSUMPTIONS, Assumptions, chain_tokens_factor, decode_tokens_per_s,
-                                       forward_s, generation_rounds_factor)
+                                       forward_s, generation_rounds, preempted_share, recompute_tokens, start_s,
+                                       wave_tail_s)
 
 SAFETY = 1.5  # time limits and the warning ask for the planned time x 1.5
 CHECKPOINT_BYTES_S = 200e6  # writing (and hashing) a checkpoint on a shared file system
@@ -85,7 +86,7 @@ class TrainPlan:
     peak_rollout: int  # the rescoring forward, vLLM awake
     memory: Memory
     step_s: float
-    step_parts: dict  # seconds per step of one rank: decode, prefill, rescore, update, overhead
+    step_parts: dict  # seconds per step of one rank: decode, tail, prefill, recompute, rescore, update, overhead
     steps: int
     gpu_hours: float
     decode_tok_s: float
@@ -97,6 +98,10 @@ class TrainPlan:
     runtime_min: int
     signal_s: int
     attempts: int
+    preempted: float  # share of the generated sequences vLLM preempts and recomputes
+    waves: int  # engine calls per step (each with its tail)
+    start_s: float  # seconds to start each attempt (model, vLLM's engine, flex attention's compiles)
+    train_s: float  # seconds of all steps and their checkpoints, over all attempts
 
 
 @dataclass
@@ -115,6 +120,7 @@ class EvalPlan:
     memory: Memory
     decode_tok_s: float
     concurrency: float
+    preempted: float  # share of the sequences vLLM preempts and recomputes
     seconds: float
     gpu_hours: float
     runtime_min: int
@@ -201,7 +207,8 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
     mem_plan = Memory(terms=phases[peak_phase], peak=sum(phases[peak_phase].values()), phase=peak_phase)
 
     # time, per rank
-    rounds = generation_rounds_factor(a.keep_fraction, cfg.oversample, cfg.max_gen_rounds)
+    round_shares = generation_rounds(a.keep_fraction, cfg.oversample, cfg.max_gen_rounds)
+    rounds = sum(round_shares)
     chains_per_tree = cfg.group_size * (cfg.k + 1)
     answer = a.answer_tokens(cfg.benchmark, cfg.budget)
     tree_tokens = cfg.group_size * (cfg.k + 1) * answer * chain_tokens_factor(cfg.k, a)
@@ -211,24 +218,33 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
     trained = trees_trained * (prompt_mean + tree_tokens)
     rescored = trees_generated * (prompt_mean + tree_tokens)
     concurrency = max_num_seqs
+    preempted = 0.0
     if vllm and vllm_kv > 0:
-        concurrency = min(max_num_seqs, vllm_kv / (memory.kv_cache_per_token(s, b) * (prompt_mean + answer)))
-    decode_tps = decode_tokens_per_s(s, max(concurrency, 1), prompt_mean + answer / 2, a, b)
+        kv_tokens = vllm_kv / memory.kv_cache_per_token(s, b)
+        concurrency = min(max_num_seqs, kv_tokens / (prompt_mean + answer))
+        preempted = preempted_share(max_num_seqs, kv_tokens, prompt_mean + answer)
+    context = prompt_mean + answer / 2
+    decode_tps = decode_tokens_per_s(s, max(concurrency, 1), context, a, b, lora=True)
+    waves = len(round_shares) * (cfg.k + 1)  # engine calls per step: K + 1 lockstep waves per round
+    sequences = trees_generated * chains_per_tree / world
     parts = {"decode": generated / world / decode_tps,
+             "tail": waves * wave_tail_s(s, cfg.budget, answer, max(concurrency, 1), context, a, b, lora=True),
              "prefill": forward_s(s, trees_generated * prompt_mean / world, 2, a),  # once per question
+             "recompute": forward_s(s, recompute_tokens(sequences, preempted, prompt_mean, answer), 2, a),
              "rescore": forward_s(s, rescored / world, 2, a),  # old log-probs and entropies
              "update": forward_s(s, trained / world, 6 if cfg.gradient_checkpointing else 4, a),
              "overhead": a.step_overhead_s}
     step_s = sum(parts.values())
+    start = start_s(a, vllm=vllm, compiles=True)
     ckpt_bytes = n_lora * (memory.LORA_DTYPE_BYTES + 8) + (1 << 20)  # adapter, AdamW moments, state
     ckpt_s = ckpt_bytes / CHECKPOINT_BYTES_S + 1
     save_every = max(1, math.ceil(ckpt_s / (CHECKPOINT_SHARE * step_s)))
     total_s = cfg.steps * (step_s + ckpt_s / save_every)
     signal_s = min(SIGNAL_MAX_S, math.ceil(SAFETY * (step_s + ckpt_s)))
-    runtime_min = min(cap_min, max(MIN_RUNTIME_MIN, math.ceil(SAFETY * (a.job_start_s + total_s + signal_s) / 60)))
-    usable_s = runtime_min * 60 - a.job_start_s - signal_s
+    runtime_min = min(cap_min, max(MIN_RUNTIME_MIN, math.ceil(SAFETY * (start + total_s + signal_s) / 60)))
+    usable_s = runtime_min * 60 - start - signal_s
     attempts = math.ceil(total_s / usable_s) if usable_s > 0 else 0
-    gpu_hours = (total_s + attempts * a.job_start_s) * gpus * nodes / 3600
+    gpu_hours = (total_s + attempts * start) * gpus * nodes / 3600
     return TrainPlan(
         run=run, shape=s, gpus=gpus, nodes=nodes, gpu_mem=card, checked=gpu_mem is not None, micro_batch_tokens=T,
         checkpointing=cfg.gradient_checkpointing, vllm=vllm, weights=weights, lora_state=lora, activations=act,
@@ -238,7 +254,8 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
         peak_rollout=sum(rollout.values()), memory=mem_plan, step_s=step_s, step_parts=parts, steps=cfg.steps,
         gpu_hours=gpu_hours, decode_tok_s=decode_tps, concurrency=concurrency, generated_tokens=generated,
         trained_tokens=trained, checkpoint_bytes=ckpt_bytes, save_every=save_every, runtime_min=runtime_min,
-        signal_s=signal_s, attempts=attempts)
+        signal_s=signal_s, attempts=attempts, preempted=preempted, waves=waves, start_s=start,
+        train_s=total_s)
 
 
 def largest_micro_batch(m: Matrix, run: str, resident: bool, share: float = 0.9, a: Assumptions = ASSUMPTIONS,
@@ -274,16 +291,25 @@ def plan_eval(m: Matrix, run: str, bench: str, a: Assumptions = ASSUMPTIONS,
              "CUDA context": CUDA_CONTEXT}
     answer = a.answer_tokens(bench, budget)
     questions = min(a.n_questions(bench), m.evaluation.get("limit") or a.n_questions(bench))
-    concurrency = min(ev["max_num_seqs"], max(vllm_kv, 0) / (memory.kv_cache_per_token(s, b) * (prompt_mean + answer)))
-    decode_tps = decode_tokens_per_s(s, max(concurrency, 1), prompt_mean + answer / 2, a, b)
-    seconds = questions * samples * answer / decode_tps + forward_s(s, questions * prompt_mean, 2, a) + a.job_start_s
+    kv_tokens = max(vllm_kv, 0) / memory.kv_cache_per_token(s, b)
+    concurrency = min(ev["max_num_seqs"], kv_tokens / (prompt_mean + answer))
+    preempted = preempted_share(ev["max_num_seqs"], kv_tokens, prompt_mean + answer)
+    lora = run in m.runs  # a trained run's adapter; a zero-shot run has none
+    context = prompt_mean + answer / 2
+    decode_tps = decode_tokens_per_s(s, max(concurrency, 1), context, a, b, lora)
+    sequences = questions * samples
+    waves = math.ceil(sequences / (m.evaluation.get("batch_size") or sequences))  # one engine call per batch
+    seconds = (sequences * answer / decode_tps + forward_s(s, questions * prompt_mean, 2, a)
+               + waves * wave_tail_s(s, budget, answer, max(concurrency, 1), context, a, b, lora)
+               + forward_s(s, recompute_tokens(sequences, preempted, prompt_mean, answer), 2, a)
+               + start_s(a, vllm=True))
     gpus = jobs.gpus(m, run, "eval")
     cap_min = m.size_class(run)["eval_runtime"]
     return EvalPlan(
         run=run, benchmark=bench, shape=s, gpus=gpus, gpu_mem=card, checked=mem is not None, vllm_total=vllm_total, vllm_weights=vllm_weights,
         vllm_kv=vllm_kv, kv_one_sequence=max_model_len * memory.kv_cache_per_token(s, b), max_model_len=max_model_len,
         memory=Memory(terms=terms, peak=sum(terms.values()), phase="generation"), decode_tok_s=decode_tps,
-        concurrency=concurrency,
+        concurrency=concurrency, preempted=preempted,
         seconds=seconds, gpu_hours=seconds * gpus / 3600,
         runtime_min=min(cap_min, max(MIN_RUNTIME_MIN, math.ceil(SAFETY * seconds / 60))))
 
@@ -294,6 +320,7 @@ class Plans:
 
     train: dict = field(default_factory=dict)  # run -> TrainPlan
     eval: dict = field(default_factory=dict)  # (run, benchmark) -> EvalPlan
+    max_attempts: int | None = None  # attempts the Slurm profile gives a job (retries + 1); None: unbounded
 
     def errors(self) -> list[str]:
         """Why jobs cannot run: a peak beyond the card (naming the largest term), a KV cache that
@@ -314,6 +341,12 @@ class Plans:
                 out.append(f"train {run}: its time limit ({p.runtime_min} min, the class's train_runtime) leaves no "
                            f"time for one step ({p.step_s / 60:.0f} min) after the start and the warning "
                            f"({p.signal_s} s); raise train_runtime")
+            elif self.max_attempts is not None and p.attempts > self.max_attempts:
+                out.append(f"train {run}: needs {p.attempts} attempts of its {p.runtime_min} min time limit, more than "
+                           f"the {self.max_attempts} that the Slurm profile's retries give (slurm/config.yaml: "
+                           f"retries {self.max_attempts - 1}); raise the class's train_runtime to "
+                           f"{runtime_for_attempts(p, self.max_attempts)} min or more (if the partition allows it), "
+                           f"or retries to {p.attempts - 1}")
         for (run, bench), p in self.eval.items():
             if p.checked and p.memory.peak > p.gpu_mem:
                 name, size = p.memory.largest
@@ -326,6 +359,12 @@ class Plans:
         return out
 
 
+def runtime_for_attempts(p: TrainPlan, attempts: int) -> int:
+    """The shortest time limit (min) with which the run needs at most `attempts` attempts: each
+    attempt trains for the limit less its start and the warning."""
+    return math.ceil((p.train_s / attempts + p.start_s + p.signal_s) / 60)
+
+
 def _advice(term: str) -> str:
     if term.startswith("activations"):
         return "; lower micro_batch_tokens, or turn gradient_checkpointing on"
@@ -334,9 +373,11 @@ def _advice(term: str) -> str:
     return "; this model needs a larger GPU (or tensor parallelism)"
 
 
-def plan_matrix(m: Matrix, a: Assumptions = ASSUMPTIONS, gpu_mem_gb: float | None = None) -> Plans:
-    """The plans of every plannable train and evaluate job of the matrix."""
-    plans = Plans()
+def plan_matrix(m: Matrix, a: Assumptions = ASSUMPTIONS, gpu_mem_gb: float | None = None,
+                max_attempts: int | None = -1) -> Plans:
+    """The plans of every plannable train and evaluate job of the matrix; a run may take at most
+    `max_attempts` attempts (-1: as the Slurm profile's retries allow, jobs.profile_attempts)."""
+    plans = Plans(max_attempts=jobs.profile_attempts() if max_attempts == -1 else max_attempts)
     for run in m.runs:
         if plannable(m, run, "train"):
             plans.train[run] = plan_train(m, run, a, gpu_mem_gb)

@@ -9,10 +9,23 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 from bfspo.pipeline.matrix import ZERO_SHOT, Matrix, data_parallel_ranks
 
 STAGES = ("train", "eval")
+# The Slurm profile (`snakemake --profile slurm`): its `retries` bound the attempts of a training
+# run that needs several time limits (gpu_plan.Plans.errors).
+PROFILE = Path(__file__).resolve().parents[2] / "slurm" / "config.yaml"
+
+
+def profile_attempts(profile: Path = PROFILE) -> int | None:
+    """Attempts a job gets under the Slurm profile: its `retries` + 1 (None: no profile at hand)."""
+    if not profile.is_file():
+        return None
+    import yaml
+
+    return int((yaml.safe_load(profile.read_text()) or {}).get("retries", 0)) + 1
 
 
 def gpus(m: Matrix, run: str, stage: str) -> int:
@@ -39,6 +52,18 @@ def threads(m: Matrix, run: str, stage: str) -> int:
     return res.get("cpus", 1) * (ranks(m, run) if stage == "train" else 1)
 
 
+def process_threads(m: Matrix, run: str, stage: str, granted: int) -> int:
+    """Torch threads of each process of a job (each training rank; the one evaluation process).
+
+    On a GPU class, the class's `threads` (Slurm grants them: sbatch --cpus-per-gpu), whatever
+    Snakemake's `granted` count says: a dry run (`snakemake -n`) caps every job's threads at
+    --cores, 1 unless given, so the command it printed said `threads=1` where the submitted job
+    runs 8. On a CPU class, the threads Snakemake granted (a local run's --cores caps them).
+    Either way shared out among the training ranks."""
+    total = threads(m, run, stage) if gpus(m, run, stage) else granted
+    return max(1, total // (ranks(m, run) if stage == "train" else 1))
+
+
 # The config's `evaluation` keys that become `bfspo evaluate` options (--batch-size ...).
 EVAL_OPTIONS = ("engine", "batch_size", "limit", "gpu_memory_utilization", "max_num_seqs", "per_request_seeds")
 SLURM_SIGNAL = "USR1"  # the trainer finishes its step, checkpoints and exits on it (bfspo/training/trainer.py)
@@ -57,12 +82,21 @@ def train_launcher(m: Matrix, run: str, plan=None) -> str:
     them and nothing else. Outside Slurm (no SLURM_JOB_ID) the srun prefix expands to nothing. Across
     nodes torchrun meets at a c10d rendezvous on the job's first node. torchrun forwards the warning
     to its ranks and waits `plan.signal_s` for them to checkpoint.
+
+    The job was submitted with `--ntasks` of at least 2 (`job_resources`: the plugin's MPI path), and
+    Slurm exports that as SLURM_NTASKS, which srun reads as its own `--ntasks`: srun then refuses a
+    step of 2 tasks on one node at one task per node. This works today because the plugin's job
+    step (snakemake-executor-plugin-slurm-jobstep, `Executor.run_job`) runs the rule's command with
+    every SLURM_* variable removed but the job's identity (SLURM_JOB_ID and a few others). The
+    launcher does not rely on that: it passes `--ntasks` itself (srun's options win over its input
+    variables), and it reads the job's nodes from squeue, not from SLURM_JOB_NODELIST, which the
+    plugin removes too (tests/test_plan.py runs the launcher with and without those variables).
     """
     n_ranks, n_nodes = ranks(m, run), nodes(m, run, "train")
     if not gpus(m, run, "train"):
         return "bfspo" if n_ranks == 1 else f"torchrun --nproc-per-node {n_ranks} --standalone -m bfspo.cli"
-    srun = (f"${{SLURM_JOB_ID:+srun --nodes {n_nodes} --ntasks-per-node 1 --cpus-per-task {threads(m, run, 'train')}"
-            f" --kill-on-bad-exit=1}}")
+    srun = (f"${{SLURM_JOB_ID:+srun --nodes {n_nodes} --ntasks {n_nodes} --ntasks-per-node 1 "
+            f"--cpus-per-task {threads(m, run, 'train')} --kill-on-bad-exit=1}}")
     if n_ranks * n_nodes == 1:
         return f"{srun} bfspo"
     torchrun = f"torchrun --nproc-per-node {n_ranks} --signals-to-handle {TORCHRUN_SIGNALS}"
@@ -70,7 +104,7 @@ def train_launcher(m: Matrix, run: str, plan=None) -> str:
         torchrun += f" --shutdown-timeout {plan.signal_s}"
     if n_nodes == 1:
         return f"{srun} {torchrun} --standalone -m bfspo.cli"
-    head = "$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"
+    head = "$(scontrol show hostnames \"$(squeue -h -j \"$SLURM_JOB_ID\" -o %N)\" | head -n 1)"
     return (f"{srun} {torchrun} --nnodes {n_nodes} --rdzv-backend c10d --rdzv-endpoint {head}:29500"
             f" --rdzv-id \"$SLURM_JOB_ID\" -m bfspo.cli")
 
@@ -101,6 +135,16 @@ def resource_names(m: Matrix) -> list[str]:
             "slurm_extra", *slurm_resources(m, True)]
 
 
+def host_memory_mb(m: Matrix, run: str, stage: str) -> int:
+    """Host memory of a job: the class's `mem_mb`, which is sized for a training job on all of its
+    GPUs (each rank's vLLM offloads its weights to host memory while it sleeps); an evaluation on
+    a GPU class asks for the share of its `eval_gpus`: mem_mb x eval_gpus / gpus."""
+    res = m.size_class(run)
+    if stage == "eval" and res["gpus"]:
+        return res["mem_mb"] * gpus(m, run, "eval") // res["gpus"]
+    return res["mem_mb"]
+
+
 def job_resources(m: Matrix, run: str, stage: str, plan=None) -> dict:
     """Resources of a train or evaluate job, from its model's size class (a CPU class has gpus 0)
     and its GPU plan, if it has one (bfspo/pipeline/gpu_plan.py); None: not set.
@@ -126,7 +170,7 @@ def job_resources(m: Matrix, run: str, stage: str, plan=None) -> dict:
         nodes=n_nodes,
         tasks_per_gpu=0,  # no task per GPU: torchrun (in our srun step, on a GPU class) starts the ranks
         cpus_per_gpu=res.get("cpus_per_gpu", 0) if n else 0,
-        mem_mb=res["mem_mb"],
+        mem_mb=host_memory_mb(m, run, stage),
         runtime=plan.runtime_min if plan is not None else res[f"{stage}_runtime"],
         mpi="srun" if srun_step else None,
         tasks=max(2, n_nodes) if srun_step else None,

@@ -27,8 +27,28 @@ the measured rates beside these). The sources:
 - Dynamic sampling: half of the generated groups carry signal (mixed right and wrong answers);
   BFS-PO's expansions regenerate half a chain each (they branch at the highest-entropy token of
   the best path, on average half-way).
-- Fixed costs: 3 minutes to start a job (load the model, start vLLM, capture CUDA graphs);
-  30 s per training step (adapter hand-over to vLLM, sleep and wake-up, logging).
+- Fixed costs: 3 minutes to start a job (load the model, build the trainer); 30 s per training
+  step (adapter hand-over to vLLM, sleep and wake-up, logging).
+
+What a GPU run would check first (issue 30: the terms below were left out before, each an
+estimate until bench/gpu_check.py or a real run measures it):
+
+- LoRA's decode cost: vLLM serves the policy as base weights plus a LoRA adapter, whose kernels
+  cost 20-50% of the decode rate at high batch (issue 30's estimate, from vLLM's LoRA benchmarks;
+  bench/bench_plan_decode.py measures without LoRA); planned at 35%, for every decode of a
+  trained adapter (training rollouts; evaluation of a trained run, not a zero-shot one).
+- The tail of each wave: every engine call (one per BFS-PO wave: K + 1 waves per generation
+  round, each waiting for the previous one; one per evaluation batch) ends with its longest
+  chain, which runs up to the budget while the mean answer is about 0.6 of it; the call lasts
+  (budget - mean answer) decode steps longer than its tokens need at full concurrency, at half
+  the concurrency (`wave_tail_s`).
+- KV preemption: vLLM admits up to max_num_seqs sequences while their KV cache is short; when
+  max_num_seqs x (prompt + answer) exceeds the cache, the excess share of the sequences is
+  preempted and recomputed (vLLM's recompute preemption): each planned once, half-way, its
+  context prefilled again at the training MFU (`preempted_share`, `recompute_tokens`).
+- Start-up beyond the 3 minutes: vLLM's engine start (memory profiling, torch.compile, CUDA graph
+  capture), 90 s, in every job that runs vLLM; flex attention's compiles (a few row lengths, the
+  update's and the rescoring's graphs), 120 s, in every training job, on every attempt.
 """
 
 from __future__ import annotations
@@ -61,7 +81,10 @@ class Assumptions:
     keep_fraction: float = 0.5  # groups with signal, of those generated
     expansion_share: float = 0.5  # tokens an expansion generates, as a share of a whole chain
     job_start_s: float = 180.0
+    engine_start_s: float = 90.0  # vLLM: profiling, torch.compile, CUDA graph capture (every vLLM job)
+    compile_s: float = 120.0  # flex attention's compiles (every training job, every attempt)
     step_overhead_s: float = 30.0
+    lora_decode_overhead: float = 0.35  # decode time added by vLLM's LoRA kernels (20-50% at high batch)
     # mean answer length / budget, per benchmark (the train sets: as their benchmark)
     answer_fraction: tuple = (("gsm8k", 0.62), ("gsm8k_train", 0.62), ("math500", 0.56), ("math_train", 0.56),
                               ("mmlu_stem", 0.78), ("aime25", 0.85), ("minerva_math", 0.61))
@@ -90,17 +113,48 @@ class Assumptions:
 ASSUMPTIONS = Assumptions()
 
 
-def decode_tokens_per_s(s: Shape, sequences: float, context: float, a: Assumptions = ASSUMPTIONS,
-                        b: int = 2) -> float:
-    """Generated tokens per second of one GPU decoding `sequences` sequences at once, each with
-    `context` tokens of KV cache on average (the roofline of one decode step):
+def decode_step_s(s: Shape, sequences: float, context: float, a: Assumptions = ASSUMPTIONS, b: int = 2,
+                  lora: bool = False) -> float:
+    """Seconds of one decode step of `sequences` sequences, each with `context` tokens of KV cache on
+    average (the roofline), times (1 + LoRA's overhead) when a LoRA adapter is served:
 
-        t_step = max((N b + S c kv_token) / (eta_bw BW), 2 N S / (eta_c F)),  tokens/s = S / t_step
+        t_step = max((N b + S c kv_token) / (eta_bw BW), 2 N S / (eta_c F)) (1 + lora_overhead)
     """
     n = matmul_params(s)
     memory_s = (n * b + sequences * context * kv_cache_per_token(s, b)) / (a.decode_bandwidth * a.hardware.bandwidth)
     compute_s = 2 * n * sequences / (a.decode_mfu * a.hardware.flops)
-    return sequences / max(memory_s, compute_s)
+    return max(memory_s, compute_s) * (1 + a.lora_decode_overhead if lora else 1)
+
+
+def decode_tokens_per_s(s: Shape, sequences: float, context: float, a: Assumptions = ASSUMPTIONS,
+                        b: int = 2, lora: bool = False) -> float:
+    """Generated tokens per second of one GPU decoding `sequences` sequences at once: S / t_step."""
+    return sequences / decode_step_s(s, sequences, context, a, b, lora)
+
+
+def wave_tail_s(s: Shape, budget: int, answer: float, concurrency: float, context: float,
+                a: Assumptions = ASSUMPTIONS, b: int = 2, lora: bool = False) -> float:
+    """The tail of one engine call (a wave): its longest chain runs to the budget, (budget - mean
+    answer) decode steps after the tokens at full concurrency would be done, at half the concurrency:
+    (B - a) t_step(max(S / 2, 1))."""
+    return max(budget - answer, 0.0) * decode_step_s(s, max(concurrency / 2, 1.0), context, a, b, lora)
+
+
+def preempted_share(max_num_seqs: int, kv_tokens: float, sequence_tokens: float) -> float:
+    """The share of sequences vLLM preempts when max_num_seqs sequences of `sequence_tokens` tokens
+    (prompt + answer) need more KV cache than its `kv_tokens`: max(0, 1 - C / (S L))."""
+    return max(0.0, 1.0 - kv_tokens / (max_num_seqs * sequence_tokens))
+
+
+def recompute_tokens(sequences: float, share: float, prompt: float, answer: float) -> float:
+    """Tokens prefilled again after preemption: each preempted sequence once, half-way through its
+    answer: sequences x share x (prompt + answer / 2)."""
+    return sequences * share * (prompt + answer / 2)
+
+
+def start_s(a: Assumptions = ASSUMPTIONS, vllm: bool = False, compiles: bool = False) -> float:
+    """Seconds to start one job attempt: the model and trainer, vLLM's engine, flex attention's compiles."""
+    return a.job_start_s + (a.engine_start_s if vllm else 0.0) + (a.compile_s if compiles else 0.0)
 
 
 def forward_s(s: Shape, tokens: float, flops_per_param: int, a: Assumptions = ASSUMPTIONS) -> float:
@@ -109,19 +163,24 @@ def forward_s(s: Shape, tokens: float, flops_per_param: int, a: Assumptions = AS
     return flops_per_param * matmul_params(s) * tokens / (a.train_mfu * a.hardware.flops)
 
 
-def generation_rounds_factor(keep: float, oversample: float, max_rounds: int) -> float:
-    """Questions generated per question needed (bfspo/training/batching.py `fill`): each round asks
-    for `oversample` times the missing ones, of which a share `keep` carries signal:
-    oversample x sum_{i < R} (1 - keep x oversample)^i, R the rounds until full (at most max_rounds).
+def generation_rounds(keep: float, oversample: float, max_rounds: int) -> list[float]:
+    """Questions generated in each round, per question needed (bfspo/training/batching.py `fill`):
+    each round asks for `oversample` times the missing ones, of which a share `keep` carries signal:
+    round i generates oversample x (1 - keep x oversample)^i, until full (at most max_rounds).
     One round when keep x oversample >= 1."""
     missing = 1.0
-    total = 0.0
+    rounds = []
     for _ in range(max_rounds):
         if missing <= 0:
             break
-        total += oversample * missing
+        rounds.append(oversample * missing)
         missing -= keep * oversample * missing
-    return total
+    return rounds
+
+
+def generation_rounds_factor(keep: float, oversample: float, max_rounds: int) -> float:
+    """Questions generated per question needed: the sum over the rounds of `generation_rounds`."""
+    return sum(generation_rounds(keep, oversample, max_rounds))
 
 
 def chain_tokens_factor(k: int, a: Assumptions = ASSUMPTIONS) -> float:

@@ -24,6 +24,7 @@ rule evaluate:
         out_dir=output_dir,
         log_link=logged_in_output_dir("evaluate.log", EVAL_LOG),
         args=eval_args,
+        threads=lambda wc, threads: jobs.process_threads(MATRIX, wc.run, "eval", threads),
     threads: job_threads("eval")
     resources:
         **job_resources("eval"),
@@ -31,4 +32,4 @@ rule evaluate:
         CONDA_ENV
     shell:
         "mkdir -p {params.out_dir:q} && ln -sfn {params.log_link:q} {log:q} && "
-        "bfspo evaluate {params.args} --threads {threads} --out-dir {params.out_dir:q} >> {log:q} 2>&1"
+        "bfspo evaluate {params.args} --threads {params.threads} --out-dir {params.out_dir:q} >> {log:q} 2>&1"

@@ -27,7 +27,7 @@ rule train:
         log_link=logged_in_output_dir("train.log", TRAIN_LOG),
         settings=train_args,
         launcher=train_launcher,
-        rank_threads=lambda wc, threads: max(1, threads // jobs.ranks(MATRIX, wc.run)),  # torch threads of each rank
+        rank_threads=lambda wc, threads: jobs.process_threads(MATRIX, wc.run, "train", threads),  # torch threads of each rank
     threads: job_threads("train")
     resources:
         **job_resources("train"),

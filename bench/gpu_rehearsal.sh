@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# `make gpu-session-rehearsal`: bench/gpu_session.sh on CPU at tiny sizes (bench/gpu_check.py's preset
+# `tiny`), offline, in a clean venv that holds only what the GPU machine's image has (torch,
+# transformers, peft, accelerate and their dependencies, at the lock's versions: the lock's CPU torch
+# stands in for the image's 2.11.0) plus the carried wheels installed from their folder alone
+# (--no-index), so no vllm, snakemake, wandb or pandas. Fails if the wheel folder passes
+# 64 MiB (bench/gpu_wheels.sh), if one of those packages is importable, or if a part fails.
+#
+#   bash bench/gpu_rehearsal.sh [OUT]      # default results/gpu-rehearsal
+set -euo pipefail
+OUT=${1:-results/gpu-rehearsal}
+WHEELS=${GPU_WHEELS:-bench/gpu-wheels}
+VENV=${GPU_VENV:-.gpu-venv}
+PY=${PY:-python3}
+start=$SECONDS
+PYTHON=$PY bash bench/gpu_wheels.sh "$WHEELS"
+"$PY" -m venv --clear "$VENV"
+"$VENV/bin/pip" install --quiet -c requirements/lock-cpu.txt torch transformers peft accelerate
+"$VENV/bin/pip" install --quiet --no-deps --no-index --find-links "$WHEELS" -r bench/gpu-wheels.txt
+"$VENV/bin/python" - <<'PY'
+import importlib.util, sys
+present = [m for m in ("vllm", "snakemake", "wandb", "pandas") if importlib.util.find_spec(m)]
+sys.exit(f"the rehearsal's venv holds {present}, which the GPU image lacks" if present else 0)
+PY
+rm -rf "$OUT"
+env -u PYTHONPATH PYTHON="$VENV/bin/python" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
+  GPU_CHECK_WORK="${TMPDIR:-/tmp}/bfspo-gpu-rehearsal" GPU_WHEELS="$WHEELS" \
+  bash bench/gpu_session.sh "$OUT" --preset tiny
+echo "gpu-session-rehearsal: passed in $((SECONDS - start)) s; $OUT/summary.md"
