@@ -60,7 +60,7 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
     return len(lines)
 
 
-def _check_file(path: Path) -> None:
+def check_file(path: Path) -> None:
     """BfspoError unless `path` is a file, saying what it is instead."""
     if path.is_dir():
         raise BfspoError(f"{path}: a directory, not a file")
@@ -75,7 +75,7 @@ def read_jsonl(path: str | os.PathLike, skipped: list | None = None) -> Iterator
     given, is recorded there as {"line", "problem"} and skipped (never silently).
     """
     path = Path(path)
-    _check_file(path)
+    check_file(path)
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -98,7 +98,7 @@ def read_jsonl(path: str | os.PathLike, skipped: list | None = None) -> Iterator
 def read_json(path: str | os.PathLike) -> Any:
     """Read one JSON document, with a clear error if it is missing or malformed."""
     path = Path(path)
-    _check_file(path)
+    check_file(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from bfspo import fingerprint
 from bfspo.cli import main
 from bfspo.evaluation.evaluate import check_lengths, summarize
 from bfspo.io import read_json, read_jsonl
@@ -130,7 +131,14 @@ def test_evaluates_with_an_adapter(tiny_model_dir, tmp_path):
     get_peft_model(base, lora).save_pretrained(str(tmp_path / "adapter"))
     data = write_rows(tmp_path / "gsm8k.jsonl", ROWS[:1])
     assert evaluate(tiny_model_dir, data, tmp_path / "out", "--adapter", str(tmp_path / "adapter")) == 0
-    assert read_json(tmp_path / "out" / "summary.json")["adapter"] == str(tmp_path / "adapter")
+    summary = read_json(tmp_path / "out" / "summary.json")
+    assert summary["adapter"] == str(tmp_path / "adapter")
+    # issue 31: what was scored, by content, to pair the adapter with the base model its run trained on
+    model = fingerprint.model_inputs(str(tiny_model_dir))
+    assert summary["settings"]["fingerprints"] == {
+        "model": fingerprint.digest(model["model"]), "tokenizer": fingerprint.digest(model["tokenizer"]),
+        "adapter": fingerprint.digest(fingerprint.folder_files(tmp_path / "adapter", "adapter")),
+        "data": fingerprint.digest(fingerprint.data_files(data))}
 
 
 @pytest.mark.parametrize("case,message", [

@@ -58,6 +58,15 @@ def test_sync_lists_training_evaluation_and_report_runs(tmp_path, offline, capsy
     assert sorted(p for p, _ in listed) == sorted(map(str, found)) and {p for _, p in listed} == {"bfspo-test"}
 
 
+def test_sync_leaves_out_a_run_set_aside_when_its_inputs_changed(tmp_path, offline):
+    """Issue 31: a training run whose inputs changed moves to previous/ with its W&B run; the run that
+    replaces it is the only one uploaded."""
+    results = tmp_path / "results"
+    _run(results / "runs" / "a" / "previous", "train")
+    kept = _run(results / "runs" / "a", "train")
+    assert [tracking.folder_run_id(p) for p in offline_runs(results)] == [kept]
+
+
 def test_sync_of_a_folder_without_runs_is_an_error(tmp_path, capsys):
     assert cli.main(["sync", str(tmp_path)]) == 2
     assert "no offline W&B runs" in capsys.readouterr().err

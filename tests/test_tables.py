@@ -224,3 +224,34 @@ def test_notes_name_the_runs_whose_batches_came_out_short(tmp_path, runs):
     assert "m_ts_dapo_s1" not in md and "m_ts_glob_s0" not in md  # full batches; no metrics
     assert main(args) == 0
     assert "Short batches" not in (tmp_path / "out" / "abl.md").read_text()
+
+
+def test_a_table_refuses_an_evaluation_of_another_base_model_or_adapter(tmp_path, runs, capsys):
+    """Issue 31: an evaluation records the fingerprints of what it scored; a run records those of its
+    base model (inputs.json) and published adapter (done.json). A table pairs them only when equal."""
+    from bfspo.fingerprint import digest
+
+    model, tokenizer = {"model.safetensors": "1" * 64}, {"tokenizer.json": "2" * 64}
+    run_dir = tmp_path / "runs" / "m_ts_dapo_s0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "inputs.json").write_text(json.dumps({"train_data": {"t.jsonl": "0" * 64}, "model": model,
+                                                     "tokenizer": tokenizer}))
+    (run_dir / "done.json").write_text(json.dumps({"adapter": "adapter", "adapter_sha256": "a" * 64}))
+    scored = {"model": digest(model), "tokenizer": digest(tokenizer), "adapter": "a" * 64, "data": "d" * 64}
+
+    def evaluated(prints):
+        summary = json.loads(Path(runs[1]).read_text())
+        Path(runs[1]).write_text(json.dumps(summary | {"settings": {"fingerprints": prints}}))
+
+    args = ["tables", "build", "--spec", json.dumps(SPEC), "--summaries", *runs, "--out-dir", str(tmp_path / "out"),
+            "--runs-dir", str(tmp_path / "runs")]
+    evaluated(scored)
+    assert main(args) == 0
+    for part, named in (("model", "its model fingerprint"), ("adapter", "its adapter fingerprint")):
+        evaluated(scored | {part: "f" * 64})  # a rebuilt base model / a run retrained since
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"{runs[1]}: {named}(s) differ from those run m_ts_dapo_s0 recorded" in err, err
+        assert "Evaluate the run again" in err
+    evaluated(None)  # an evaluation from before fingerprints cannot show it scored that run's model
+    assert main(args) == 2 and "model and tokenizer and adapter fingerprint(s) differ" in capsys.readouterr().err

@@ -4,6 +4,7 @@ and data parallelism under torchrun (2 processes, gloo)."""
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -77,6 +78,11 @@ def test_train_writes_a_complete_run(tiny_model_dir, train_data, tmp_path):
     assert lora_b and any(p.abs().sum() > 0 for p in lora_b), "no optimizer step changed the adapter"
     rerun = run_train(tiny_model_dir, train_data, out, steps=2)
     assert rerun.returncode == 0 and "already finished" in rerun.stdout
+    # issue 31, finding 9: done.json names the adapter within the run, so that a copy names its own
+    copy = shutil.copytree(out, tmp_path / "copy")
+    shutil.rmtree(out)
+    assert done["adapter"] == "adapter"
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), copy / done["adapter"])
 
 
 def test_dapo_is_k0_groups_of_g(tiny_model_dir, train_data, tmp_path):
@@ -207,6 +213,66 @@ def test_resuming_with_another_config_is_refused(tiny_model_dir, train_data, tmp
     (out / "config.json").write_text(json.dumps({"model": "other"}))
     proc = run_train(tiny_model_dir, train_data, out)
     assert proc.returncode == 2 and "different config" in proc.stderr
+
+
+@pytest.mark.parametrize("change, finished", [("data", False), ("model", True)],
+                         ids=["data, done.json deleted as Snakemake does", "model, done.json kept"])
+def test_a_rerun_on_changed_inputs_trains_afresh_and_sets_the_old_run_aside(tiny_model_dir, train_data, tmp_path,
+                                                                            change, finished):
+    """Issue 31, finding 1: the data file or the model rebuilt at the same path (Snakemake reruns the
+    job after an input changed, deleting done.json) is a new run: the old one moves to previous/, and
+    the rerun neither resumes its checkpoint nor publishes its adapter again."""
+    from bfspo.model_io import load_tokenizer
+    from bfspo.toy.model import new_model, save_model_dir
+    from tests.helpers.eos import favour_tokens
+
+    model, data = tmp_path / "model", tmp_path / "train.jsonl"
+    shutil.copytree(tiny_model_dir, model)
+    data.write_bytes(train_data.read_bytes())
+    out = tmp_path / "run"
+    assert run_train(model, data, out, steps=1).returncode == 0
+    old = json.loads((out / "done.json").read_text())
+    if change == "data":  # other questions, same path
+        data.write_text("".join(json.dumps({"id": str(i), "question": f"Ann has {i} pens and loses 1. How many?",
+                                            "answer": str(max(i - 1, 0))}) + "\n" for i in range(24)))
+    else:  # the same architecture and tokenizer, other weights (conftest's model built with another seed)
+        tok = load_tokenizer(str(model))
+        rebuilt = new_model(tok, hidden_size=32, layers=2, heads=4, kv_heads=2, seed=1)
+        favour_tokens(rebuilt, {tok.eos_token_id: 1.0}, level=0.1, eos_token_id=tok.eos_token_id)
+        save_model_dir(rebuilt, tok, model)
+    if not finished:
+        (out / "done.json").unlink()
+    proc = run_train(model, data, out, steps=1)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "resuming" not in proc.stdout and "already finished" not in proc.stdout
+    assert re.search(rf"its inputs changed .*{'train_data' if change == 'data' else 'model'} .*moved that run to "
+                     rf"{re.escape(str(out / 'previous'))}", proc.stdout), proc.stdout
+    new = json.loads((out / "done.json").read_text())
+    assert new["adapter_sha256"] != old["adapter_sha256"], "the old adapter was published again"
+    assert json.loads((out / "previous" / "inputs.json").read_text()) != json.loads((out / "inputs.json").read_text())
+    assert (out / "previous" / "checkpoint").is_dir() and (out / "previous" / "config.json").is_file()
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+    again = run_train(model, data, out, steps=1)
+    assert again.returncode == 0 and "already finished" in again.stdout
+
+
+def test_a_finished_run_refuses_another_config(tiny_model_dir, train_data, tmp_path):
+    """Issue 31, finding 2: a finished directory compares the command's config as an unfinished one
+    does; only the same config (observation fields aside) is "already finished"."""
+    out = tmp_path / "run"
+    assert run_train(tiny_model_dir, train_data, out, steps=1).returncode == 0
+    done = (out / "done.json").read_text()
+    for overrides, fields in (({"lr": 1e-3}, "lr"), ({"k": 1, "steps": 2}, "k, steps")):
+        proc = run_train(tiny_model_dir, train_data, out, **{"steps": 1, **overrides})
+        assert proc.returncode == 2 and f"different config ({fields})" in proc.stderr, proc.stderr[-2000:]
+        assert "already finished" not in proc.stdout
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(train_data.read_bytes())
+    proc = run_train(tiny_model_dir, other, out, steps=1)
+    assert proc.returncode == 2 and "different config (train_data)" in proc.stderr
+    proc = run_train(tiny_model_dir, train_data, out, steps=1, wandb_group="another-table")
+    assert proc.returncode == 0 and "already finished" in proc.stdout
+    assert (out / "done.json").read_text() == done
 
 
 @pytest.mark.slow

@@ -410,6 +410,34 @@ def test_a_duplicate_job_leaves_the_running_jobs_log_alone(tmp_path, command, ta
 
 
 @pytest.mark.slow
+def test_a_rerun_after_the_training_data_changed_retrains(tmp_path):
+    """Issue 31, finding 1: Snakemake reruns `train` when its data is newer than done.json (deleting
+    done.json first); the trainer finds other content in the data file, moves the old run to
+    previous/ and trains afresh, so the adapter it publishes is not the old one."""
+    env = workflow_copy(tmp_path)
+    target = "results/runs/toy-test_toy_bfspo_s0/done.json"
+
+    def snakemake():
+        proc = subprocess.run([sys.executable, "-m", "snakemake", target, "--cores", "1", "--configfile",
+                               "config/test.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        return json.loads((tmp_path / target).read_text())
+
+    first = snakemake()
+    data = tmp_path / "results/toy-test/data/rl_train.jsonl"
+    data.write_text("".join(reversed(data.read_text().splitlines(keepends=True))))  # the same questions, reordered
+    second = snakemake()
+    run_dir = tmp_path / "results/runs/toy-test_toy_bfspo_s0"
+    log = (run_dir / "train.log").read_text()
+    assert "its inputs changed" in log and "train_data (rl_train.jsonl)" in log and "resuming" not in log, log[-3000:]
+    assert second["adapter_sha256"] != first["adapter_sha256"]
+    from bfspo import fingerprint
+
+    old = fingerprint.digest(fingerprint.folder_files(run_dir / "previous/adapter", "adapter"))
+    assert old == first["adapter_sha256"] and (run_dir / "previous/checkpoint").is_dir()
+
+
+@pytest.mark.slow
 def test_a_two_rank_class_trains_data_parallel_through_the_rule(tmp_path):
     """A size class with 2 ranks trains under torchrun (gloo on CPU), started by the train rule."""
     import torch

@@ -40,14 +40,15 @@ import numpy as np
 from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.rollout import make_engine
 from bfspo.rollout.base import Completion, RolloutEngine, needed_model_len
-from bfspo import console, runlock
+from bfspo import console, fingerprint, runlock
 from bfspo.device import DEVICES, resolve_device
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl, write_json, write_jsonl
 from bfspo.evaluation.metrics import bootstrap_ci
-from bfspo.evaluation.progress import Progress, fingerprint
+from bfspo.evaluation.progress import Progress
 from bfspo.evaluation.protocol import check_protocol
-from bfspo.model_io import check_adapter, check_weights, load_config, load_model, load_tokenizer
+from bfspo.model_io import (check_adapter, check_weights, load_config, load_model, load_tokenizer,
+                            read_adapter_config)
 from bfspo.tasks.prompts import prompt_ids
 from bfspo.tasks.verify import extract_answer, is_correct, timeouts
 
@@ -299,6 +300,19 @@ def set_aside(out_dir: Path, settings: dict, meta: dict) -> None:
                  f"to {previous}; starting over")
 
 
+def fingerprints(args) -> dict[str, str | None]:
+    """What is evaluated, by content (bfspo.fingerprint): the base model's network and tokenizer, the
+    adapter (None without one) and the data. summary.json records them under `settings`, so that a
+    table pairs an adapter only with the base model its run was trained on (bfspo.reporting.summaries)."""
+    model = fingerprint.model_inputs(args.model)
+    adapter = None
+    if args.adapter is not None:
+        read_adapter_config(args.adapter)  # a missing or non-adapter folder, named
+        adapter = fingerprint.digest(fingerprint.folder_files(args.adapter, "adapter"))
+    return {"model": fingerprint.digest(model["model"]), "tokenizer": fingerprint.digest(model["tokenizer"]),
+            "adapter": adapter, "data": fingerprint.digest(fingerprint.data_files(args.data))}
+
+
 def evaluate(args) -> int:
     benchmark = get_benchmark(args.benchmark)
     meta = parse_meta(args.meta)
@@ -306,7 +320,7 @@ def evaluate(args) -> int:
     settings = {"benchmark": benchmark.name, "model": args.model, "adapter": args.adapter, "data": str(args.data),
                 "limit": args.limit, "budget": budget, "samples": samples, "temperature": temperature,
                 "seed": args.seed, "batch_size": args.batch_size, "engine": args.engine,
-                "fingerprints": [fingerprint(p) for p in (args.model, args.adapter, args.data)]}
+                "fingerprints": fingerprints(args)}
     settings = json.loads(json.dumps(settings))
     earlier = earlier_summary(args.out_dir)
     if earlier.get("settings") == settings and earlier.get("meta") == meta:

@@ -3,8 +3,9 @@
 Questions are generated in fixed batches. After each batch, one line is appended to
 DIR/samples.partial.jsonl, flushed and fsynced: the batch's index, question ids, generation seconds
 and scored samples. The file's first line holds the settings of the evaluation (what was evaluated,
-how, and fingerprints of the model, adapter and data files). A rerun with the same settings keeps
-the batches already written and generates only the others; with other settings it starts over.
+how, and the content fingerprints of the model, adapter and data: bfspo.fingerprint). A rerun with
+the same settings keeps the batches already written and generates only the others; with other
+settings it starts over.
 A kill can tear only the last line: that batch is generated again. The name never looks finished:
 samples.jsonl and summary.json are written only when every batch is done, and the partial file is
 then removed.
@@ -12,7 +13,6 @@ then removed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -22,21 +22,6 @@ from tqdm.auto import tqdm
 from bfspo.io import atomic_write_text, read_jsonl
 
 PARTIAL_NAME = "samples.partial.jsonl"
-
-
-def fingerprint(path: str | os.PathLike | None) -> str | None:
-    """A short digest of a file or model folder as it is on disk (names, sizes and modification times of
-    its files), or the text itself for what is not a local path (a hub id). A retrained adapter or a
-    rewritten data file gets a new fingerprint, so its stale partial output is not reused."""
-    if path is None:
-        return None
-    path = Path(path)
-    if not path.exists():
-        return str(path)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    listing = [(str(p.relative_to(path)) if path.is_dir() else p.name, p.stat().st_size, p.stat().st_mtime_ns)
-               for p in files]
-    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
 
 
 class Progress:

@@ -44,7 +44,8 @@ import pandas as pd
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl
 from bfspo.reporting.style import BAND_ALPHA, EMA_ALPHA, ema, method_colour
-from bfspo.reporting.summaries import ZERO_SHOT, aggregate, load_reported, load_spec, load_summaries, score
+from bfspo.reporting.summaries import (ZERO_SHOT, aggregate, check_trained_on, load_reported, load_spec,
+                                       load_summaries, score)
 
 CURVES = [("rollout/reward_mean", "reward"), ("rollout/accuracy", "accuracy (first samples)"),
           ("rollout/len_mean", "mean length (tokens)")]
@@ -405,6 +406,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     spec = load_spec(args.spec)
     summaries = load_summaries(args.summaries)
+    check_trained_on(summaries, args.runs_dir)
     reported = load_reported(args.reported)
     runs = _trained_runs(spec, summaries, args.runs_dir)
     args.out_dir.mkdir(parents=True, exist_ok=True)

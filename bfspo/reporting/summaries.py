@@ -23,6 +23,8 @@ from bfspo.io import read_json
 ZERO_SHOT = "zero-shot"
 METRICS = [("acc", "Acc.", 1), ("avg_len", "Avg. Len.", 0), ("aes", "AES", 2)]
 REPORTED_COLUMNS = ["table", "model", "train_set", "benchmark", "domain", "method", "K", "ratio", "acc", "avg_len", "aes"]
+# what an evaluation scored, by content (summary.json's settings.fingerprints): checked against its run
+FINGERPRINTED = ("model", "tokenizer", "adapter")
 # metric -> the summary.json key of its interval (AES has none)
 SUMMARY_CI = {"acc": "accuracy_ci", "avg_len": "avg_length_ci"}
 
@@ -63,6 +65,9 @@ def load_summaries(paths: list[str]) -> pd.DataFrame:
             raise BfspoError(f"{path}: summary lacks {', '.join(missing)}")
         cis = {f"{m}_ci_{end}": float(s[key][i]) if s.get(key) else math.nan
                for m, key in SUMMARY_CI.items() for i, end in enumerate(("low", "high"))}
+        settings = s.get("settings")
+        prints = settings.get("fingerprints") if isinstance(settings, dict) else None
+        prints = prints if isinstance(prints, dict) else {}
         rows.append(
             dict(
                 model=meta["model"],
@@ -75,11 +80,41 @@ def load_summaries(paths: list[str]) -> pd.DataFrame:
                 run=meta.get("run", ""),
                 path=str(path),
                 **cis,
+                **{f"{part}_sha256": prints.get(part) for part in FINGERPRINTED},
             )
         )
     cis = [f"{m}_ci_{end}" for m in SUMMARY_CI for end in ("low", "high")]
     return pd.DataFrame(rows, columns=["model", "method", "train_set", "seed", "benchmark", "acc", "avg_len", "run",
-                                       "path", *cis])
+                                       "path", *cis, *(f"{part}_sha256" for part in FINGERPRINTED)])
+
+
+def check_trained_on(summaries: pd.DataFrame, runs_dir: str | Path) -> None:
+    """BfspoError unless each evaluation of a trained run scored the adapter that run published, on the
+    base model it was trained on: the fingerprints in its summary.json (`settings.fingerprints`,
+    bfspo.evaluation.evaluate) against those the run recorded (inputs.json's model and tokenizer,
+    done.json's adapter_sha256; bfspo/training/trainer.py). A run that recorded none (made before
+    fingerprints) is not checked; an evaluation that recorded none cannot match one that did."""
+    from bfspo.fingerprint import RUN_INPUTS, digest
+
+    def record(path: Path) -> dict:
+        found = read_json(path) if path.is_file() else {}
+        return found if isinstance(found, dict) else {}
+
+    for r in summaries.itertuples():
+        if r.method == ZERO_SHOT or not r.run:
+            continue
+        run_dir = Path(runs_dir) / r.run
+        inputs, done = record(run_dir / RUN_INPUTS), record(run_dir / "done.json")
+        recorded = {part: digest(inputs[part]) for part in ("model", "tokenizer") if isinstance(inputs.get(part), dict)}
+        if isinstance(done.get("adapter_sha256"), str):
+            recorded["adapter"] = done["adapter_sha256"]
+        differ = [part for part in FINGERPRINTED if part in recorded and getattr(r, f"{part}_sha256") != recorded[part]]
+        if differ:
+            raise BfspoError(
+                f"{r.path}: its {' and '.join(differ)} fingerprint(s) differ from those run {r.run} recorded "
+                f"({run_dir}: {RUN_INPUTS}, done.json), so it did not score the adapter that run published on the "
+                "base model it was trained on (a rebuilt model, or a run retrained after this evaluation). "
+                "Evaluate the run again: delete that summary.json and rerun")
 
 
 def load_reported(path: str | None) -> pd.DataFrame:

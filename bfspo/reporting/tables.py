@@ -11,8 +11,9 @@ Source column, and DIR/<name>.csv with the same cells as numbers, one row per ce
             AES (App. E) against OUR zero-shot run of the same model and benchmark, per seed;
   paper     the paper's printed number for the row above it (reported_results.csv);
   reported  rows the paper took from other work (SFT, TokenSkip, Tree of Thoughts), never run here.
-With --runs-dir, the Markdown notes name every training run of the table whose batches came out
-short (`rollout/batch_full` 0 or false in its metrics.jsonl: dynamic sampling ran out of rounds), with how many
+With --runs-dir, every evaluation of a trained run must have scored the adapter its run published
+on the base model the run was trained on, by content (`summaries.check_trained_on`), and the
+Markdown notes name every training run of the table whose batches came out short (`rollout/batch_full` 0 or false in its metrics.jsonl: dynamic sampling ran out of rounds), with how many
 steps and the fewest chains. The spec (JSON text or a file; the workflow writes it, see workflow/rules/common.smk `table_spec`)
 names the table's layout, models, methods and columns (train set -> benchmark). Summaries are
 matched to cells by the meta that the workflow passes to `bfspo evaluate`: model, method
@@ -39,8 +40,8 @@ from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text, read_jsonl
 from bfspo.evaluation.metrics import aes_consistency
 from bfspo.reporting.latex import NO, YES, latex_escape
-from bfspo.reporting.summaries import (METRICS, ZERO_SHOT, Stat, aggregate, load_reported, load_spec,
-                                       load_summaries, score)
+from bfspo.reporting.summaries import (METRICS, ZERO_SHOT, Stat, aggregate, check_trained_on, load_reported,
+                                       load_spec, load_summaries, score)
 
 OURS, PAPER, REPORTED = "ours", "paper", "reported"
 DESCRIPTORS = {
@@ -280,7 +281,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--spec", required=True, help="the table spec: JSON text or a JSON file")
     b.add_argument("--summaries", nargs="+", default=[], help="evaluation summary.json files")
     b.add_argument("--reported", help="the paper's numbers (data/reported_results.csv)")
-    b.add_argument("--runs-dir", help="training run directories: notes name the runs whose batches came out short")
+    b.add_argument("--runs-dir", help="training run directories: notes name the runs whose batches came out short, "
+                   "and each evaluation must have scored its run's adapter on the run's base model")
     b.add_argument("--out-dir", required=True)
     c = sub.add_parser("consistency", help="paper rows whose printed AES disagrees with its formula")
     c.add_argument("--reported", required=True)
@@ -295,6 +297,8 @@ def run(args) -> int:
         return 0
     spec = load_spec(args.spec)
     summaries = load_summaries(args.summaries)
+    if args.runs_dir:
+        check_trained_on(summaries, args.runs_dir)
     if spec["layout"] == "paired":
         from bfspo.reporting.paired import write_paired
 

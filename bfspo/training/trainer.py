@@ -15,8 +15,11 @@ Each step (one training batch):
    with the clipped token-mean objective over the unique tree tokens (Eq. 10), accumulated over
    micro-batches of at most `micro_batch_tokens` tokens.
 
-The run directory holds config.json, metrics.jsonl, trees/, checkpoint/, the final adapter/ and,
-written last, done.json. Running the same command again resumes from the last checkpoint.
+The run directory holds config.json, inputs.json (the fingerprints of the training data, base
+model and tokenizer: bfspo.fingerprint), metrics.jsonl, trees/, checkpoint/, the final adapter/
+and, written last, done.json. Running the same command again resumes from the last checkpoint, or
+says that the run is finished; if the inputs changed since, it moves the old run to previous/ and
+starts over (`prepare_run_dir`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bfspo import console, runlock
+from bfspo import console, fingerprint, runlock
 from bfspo.device import resolve_device
 from bfspo.training import batching, checkpoint, dist, step_metrics, validation
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
@@ -454,8 +457,9 @@ class Trainer:
         return token_texts(self.tokenizer, ids)
 
     def finish(self) -> None:
-        """The final adapter (through a temporary folder), then done.json last; a run in which no
-        optimizer step was taken is an error, not a finished run."""
+        """The final adapter (through a temporary folder), then done.json last, naming the adapter
+        relative to the run directory (a copied run names its own) with its fingerprint; a run in
+        which no optimizer step was taken is an error, not a finished run."""
         rows = [r for _, r in read_jsonl(self.run_dir / "metrics.jsonl")]
         if not any(r.get("train/optimizer_steps") for r in rows):
             raise BfspoError(f"{self.run_dir}: no optimizer step in {self.step} steps (every batch was filtered "
@@ -465,21 +469,42 @@ class Trainer:
         self.model.save_pretrained(tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        write_json(self.run_dir / "done.json", {"steps": self.step, "method": self.cfg.method,
-                                                "adapter": str(final), "nonfinite": self.nonfinite})
+        adapter = fingerprint.digest(fingerprint.folder_files(final, "adapter"))
+        write_json(self.run_dir / "done.json", {"steps": self.step, "method": self.cfg.method, "adapter": final.name,
+                                                "adapter_sha256": adapter, "nonfinite": self.nonfinite})
 
 
-def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> bool:
-    """Check the run directory against the config; False if the run already finished.
+PREVIOUS_NAME = "previous"
+# what an earlier run leaves that a start must check: its record, a checkpoint to resume, done.json
+RUN_RECORDS = ("config.json", fingerprint.RUN_INPUTS, "done.json", checkpoint.NAME, f"{checkpoint.NAME}.old")
+# what stays when a run is moved aside: the log every attempt appends to (the workflow's shell holds it
+# open), the lock this process holds, and the folder the run moves to
+KEPT = ("train.log", runlock.LOCK_NAME, PREVIOUS_NAME)
 
-    Resuming with a different config is an error, since the checkpoint would not match the command,
-    unless only OBSERVATION_FIELDS differ (W&B group, checkpoint period, ...): then the new values
-    are recorded and the run resumes. config.json is written by `run` only once the model and data
-    have loaded, so a start that fails on them leaves no config to refuse the corrected command.
+
+def run_inputs(cfg: TrainConfig) -> dict[str, dict[str, str]]:
+    """The fingerprints that, with the config, make a run what it is: the training data's bytes, the
+    base model's config and weights, and its tokenizer (bfspo.fingerprint). val_data is left out, as
+    it is from the config's comparison (OBSERVATION_FIELDS): it is observed, not trained on."""
+    return {"train_data": fingerprint.data_files(cfg.train_data), **fingerprint.model_inputs(cfg.model)}
+
+
+def prepare_run_dir(cfg: TrainConfig, run_dir: Path, inputs: dict[str, dict[str, str]]) -> bool:
+    """Check the run directory against the config and the fingerprints of the inputs (`run_inputs`);
+    False if the run there already finished. A finished run is checked as an unfinished one is:
+
+    - another config (fields other than OBSERVATION_FIELDS: W&B group, checkpoint period, ...) is an
+      error naming the fields, since the directory holds another run than the command asks for;
+      with only OBSERVATION_FIELDS changed, an unfinished run resumes and records the new values;
+    - the same config on inputs whose content changed (the data or the model rebuilt at the same
+      path, as a Snakemake rerun after an input change does), or whose fingerprints the run did not
+      record, is the command's run on new inputs: the old run is moved to previous/ (`set_aside`) and
+      the run starts from step 0. Its checkpoint is never resumed, nor its adapter published again.
+
+    config.json and inputs.json are written by `run` only once the model and data have loaded, so a
+    start that fails on them leaves no config to refuse the corrected command.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    if (run_dir / "done.json").exists():
-        return False
     saved, new = run_dir / "config.json", cfg.to_dict()
     if saved.exists():
         old = read_json(saved)
@@ -487,7 +512,30 @@ def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> bool:
         if diff:
             raise BfspoError(f"{run_dir} holds a run with a different config ({', '.join(diff)}); "
                              "use another --output-dir or delete it")
-    return True
+    if not any((run_dir / name).exists() for name in RUN_RECORDS):
+        return True
+    recorded = read_json(run_dir / fingerprint.RUN_INPUTS) if (run_dir / fingerprint.RUN_INPUTS).exists() else {}
+    differ = fingerprint.changed(recorded if isinstance(recorded, dict) else {}, inputs)
+    if differ:
+        set_aside(run_dir, differ)
+        return True
+    return not (run_dir / "done.json").exists()
+
+
+def set_aside(run_dir: Path, differ: list[str]) -> None:
+    """Move an earlier run's files to run_dir/previous/ (replacing what an even earlier one left there),
+    all but `KEPT`: its checkpoints, adapter, done.json, metrics, trees and W&B run first, then
+    inputs.json and config.json, so that a kill midway leaves the records that make the next start
+    move the rest. `bfspo sync` never uploads a W&B run under previous/."""
+    previous = run_dir / PREVIOUS_NAME
+    shutil.rmtree(previous, ignore_errors=True)
+    previous.mkdir()
+    last = (fingerprint.RUN_INPUTS, "config.json")
+    moved = sorted((p for p in run_dir.iterdir() if p.name not in KEPT), key=lambda p: (p.name in last, p.name == last[1]))
+    for path in moved:
+        path.rename(previous / path.name)
+    console.line(f"{run_dir}: its inputs changed since the run there was made ({'; '.join(differ)}): moved that "
+                 f"run to {previous}; training from step 0")
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -510,13 +558,15 @@ def run(args: argparse.Namespace) -> int:
                          f"{device.type}); set tree_attention: blockwise, or auto")
     rank, _ = dist.setup(cfg.collective_timeout_min, device)
     with runlock.hold(run_dir, "train") if rank == 0 else contextlib.nullcontext():
-        fresh = prepare_run_dir(cfg, run_dir) if rank == 0 else True
+        inputs = run_inputs(cfg) if rank == 0 else {}
+        fresh = prepare_run_dir(cfg, run_dir, inputs) if rank == 0 else True
         if not dist.gather(fresh)[0]:
-            print(f"{run_dir}: already finished (done.json exists)")
+            print(f"{run_dir}: already finished (done.json exists) with this config and these inputs")
             return 0
         try:
             trainer = Trainer(cfg, run_dir)
             if rank == 0:
+                write_json(run_dir / fingerprint.RUN_INPUTS, inputs)
                 write_json(run_dir / "config.json", cfg.to_dict())
             trainer.fit()
         finally:

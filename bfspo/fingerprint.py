@@ -1,0 +1,123 @@
+"""Fingerprints: what a run was trained on and what an evaluation scored, by content, not by path.
+
+A fingerprint of an input is a mapping {file name: SHA-256 of its bytes} over the files that make
+it; `digest` turns it into one hex string. The inputs of a model folder are split in two:
+
+- the model: config.json, generation_config.json and the weights (`*.safetensors`, `*.bin`,
+  `*.pt`, `*.pth` and their `*.index.json`), the files transformers loads the network from;
+- its tokenizer: `TOKENIZER_FILES`.
+
+An adapter folder (peft) is its adapter_config.json and weights. Other files (README.md, a
+`.cache/` folder) are not part of the identity: editing them changes nothing that is trained.
+
+Cost (`python -m bench.bench_fingerprint`; docs/workflow.md, "What makes a run the same run").
+Every byte of a local model's files is hashed at the start of a run or an evaluation, on one core:
+the toy model (1.9 MiB) in about 10 ms, a 1 GiB file in 1.1-1.7 s here, so a local 8B model in bf16
+(16 GB) in 16-25 s, bytes that the trainer then reads again to load the model (from the page cache).
+A hub id is read from the Hugging Face cache, whose weights are links to blobs named by their
+SHA-256 (`blobs/<sha256>`, the hub's LFS identity): they are not read at all, so the paper's hub
+models cost only their small files. Only the files in `HUB_PATTERNS` are fetched for it: a hub
+repository with `*.bin` weights alone is known by its config and tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+from bfspo.errors import BfspoError
+from bfspo.io import check_file
+
+RUN_INPUTS = "inputs.json"  # a training run's fingerprints of its inputs, beside its config.json
+MODEL_CONFIGS = ("config.json", "generation_config.json")
+ADAPTER_CONFIGS = ("adapter_config.json",)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
+                   "chat_template.jinja", "chat_template.json")
+# what a hub model's fingerprint fetches (transformers loads safetensors where a repository has them)
+HUB_PATTERNS = [*MODEL_CONFIGS, "*.safetensors", "*.safetensors.index.json", *TOKENIZER_FILES]
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes (BfspoError if it is missing or a directory). A link into the Hugging
+    Face cache's `blobs/` folder under a 64-hex name is named by that hash already: it is not read."""
+    path = Path(path)
+    check_file(path)
+    target = path.resolve()
+    if path.is_symlink() and target.parent.name == "blobs" and _SHA256.fullmatch(target.name):
+        return target.name
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def digest(files: dict[str, str]) -> str:
+    """One SHA-256 of a fingerprint (file name -> SHA-256): equal exactly when every file is."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def data_files(path: str | os.PathLike) -> dict[str, str]:
+    """The fingerprint of a data file: {its name: SHA-256 of its bytes}."""
+    return {Path(path).name: file_sha256(path)}
+
+
+def _is_weights(name: str) -> bool:
+    return name.endswith(WEIGHT_SUFFIXES)
+
+
+def folder_files(folder: str | os.PathLike, part: str) -> dict[str, str]:
+    """The fingerprint of one part of a model or adapter folder (its top-level files only, as
+    transformers and peft load them): `part` is "model", "tokenizer" or "adapter" (module doc)."""
+    wanted = {"model": lambda n: n in MODEL_CONFIGS or _is_weights(n),
+              "adapter": lambda n: n in ADAPTER_CONFIGS or _is_weights(n),
+              "tokenizer": lambda n: n in TOKENIZER_FILES}[part]
+    folder = Path(folder)
+    return {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if wanted(p.name) and p.is_file()}
+
+
+def model_folder(name: str) -> Path:
+    """The local folder of model `name`: the folder itself, or a hub id's snapshot in the Hugging Face
+    cache (fetched there first, only the files a fingerprint reads, unless offline, as transformers would).
+    BfspoError as in bfspo.model_io for a missing folder or an uncached hub id offline."""
+    from huggingface_hub import snapshot_download
+
+    from bfspo.model_io import _offline as offline, check_model_source
+
+    check_model_source(name)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        return Path(snapshot_download(name, allow_patterns=HUB_PATTERNS, local_files_only=offline()))
+    except Exception as e:  # huggingface_hub raises a dozen kinds for a missing, gated or uncached repository
+        why = ("HF_HUB_OFFLINE=1 forbids downloading it" if offline() else str(e).splitlines()[0])
+        raise BfspoError(f"{name}: not a local model directory and not in the Hugging Face cache ({why})") from None
+
+
+def model_inputs(name: str) -> dict[str, dict[str, str]]:
+    """{"model": ..., "tokenizer": ...}: the fingerprints of model `name`'s network and its tokenizer."""
+    folder = model_folder(name)
+    return {part: folder_files(folder, part) for part in ("model", "tokenizer")}
+
+
+def changed(recorded: dict[str, dict], current: dict[str, dict]) -> list[str]:
+    """The inputs whose fingerprints differ, each with the files that changed:
+    `train_data`, `model (model.safetensors)`; an input with no record at all is named as such."""
+    out = []
+    for key in sorted(set(recorded) | set(current)):
+        old, new = recorded.get(key), current.get(key)
+        if old == new:
+            continue
+        if not isinstance(old, dict) or not isinstance(new, dict):
+            out.append(f"{key} (not recorded)" if old is None else key)
+            continue
+        files = sorted(n for n in set(old) | set(new) if old.get(n) != new.get(n))
+        out.append(f"{key} ({', '.join(files)})")
+    return out
