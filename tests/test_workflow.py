@@ -414,7 +414,7 @@ def test_a_two_rank_class_trains_data_parallel_through_the_rule(tmp_path):
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     run_dir = tmp_path / "results/runs/toy-test_toy_bfspo_s0"
-    state = torch.load(run_dir / "checkpoint/state.pt", weights_only=False)
+    state = torch.load(run_dir / "checkpoint/state.pt", weights_only=True)
     assert len(state["cursors"]) == 2  # the data cursors of both ranks
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, len(steps) + 1)) and (run_dir / "adapter").is_dir()
