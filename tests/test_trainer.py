@@ -382,8 +382,8 @@ def test_sigterm_or_slurms_warning_checkpoints_the_last_step_exits_and_resumes(t
 
 
 @pytest.mark.parametrize("line, message", [
-    ('{"id": "0", "question": null, "answer": "1"}', "train.jsonl:1: missing or empty field(s) question"),
-    ('{"id": "0", "question": "Q", "answer": true}', "train.jsonl:1: missing or empty field(s) answer"),
+    ('{"id": "0", "question": null, "answer": "1"}', "train.jsonl:1: missing or empty field 'question'"),
+    ('{"id": "0", "question": "Q", "answer": true}', "train.jsonl:1: field 'answer' must be text or a number, got true/false"),
     ('{"id": "0", "question": "Q\xff", "answer": "1"}', "train.jsonl:1: not UTF-8 text"),
 ])
 def test_bad_training_rows_are_refused(tiny_model_dir, tmp_path, line, message):

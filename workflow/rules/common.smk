@@ -40,10 +40,11 @@ EVAL_RUN_RE = _alternation(list(RUNS) + list(MATRIX.zero_shot_runs))
 TABLE_RE = _alternation(config["tables"])
 
 # Refuse at plan time what every job would refuse: each run's settings (through TrainConfig), each
-# evaluation's protocol and budget (bfspo/preflight.py).
+# evaluation's protocol and budget, and a model path that names no model folder (bfspo/preflight.py).
 _PROBLEMS = plan_problems({r: jobs.train_settings(MATRIX, r) for r in RUNS}, [
     dict(config["benchmarks"][c["benchmark"]], benchmark=c["benchmark"], model=config["models"][m]["path"])
-    for spec in config["tables"].values() for m in spec["models"] for c in spec["columns"]])
+    for spec in config["tables"].values() for m in spec["models"] for c in spec["columns"]],
+    MATRIX.built_model_paths())
 if _PROBLEMS:
     raise WorkflowError("invalid config:\n  " + "\n  ".join(_PROBLEMS))
 try:
