@@ -25,6 +25,83 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+# ---- 3: no shell injection through the config ----------------------------------------------------------
+
+# Shell placeholders that hold a whole argument list, which bfspo/pipeline (or the rule) builds with
+# shlex.quote; every other placeholder of a `shell:` is quoted by Snakemake (`:q`).
+ARGUMENT_LISTS = {"params.settings", "params.launcher", "params.args", "params.wandb", "params.reported",
+                  "params.tags", "params.data", "params.tables", "params.runs", "params.sizes", "params.knobs",
+                  "params.record"}
+
+
+def shell_commands(output: str) -> list[list[str]]:
+    """The words of every shell command that a `snakemake -n -p` printed."""
+    import shlex
+
+    return [shlex.split(line.split("Shell command: ", 1)[1]) for line in output.splitlines()
+            if line.startswith("Shell command: ")]
+
+
+def test_every_placeholder_of_a_shell_command_is_quoted():
+    root = Path(__file__).resolve().parents[1]
+    unquoted = []
+    for rules in sorted((root / "workflow/rules").glob("*.smk")):
+        for block in re.findall(r"shell:\n((?:\s+f?\".*\"\n)+)", rules.read_text()):
+            unquoted += [f"{rules.name}: {{{name}}}" for name in re.findall(r"\{([\w.]+)\}", block)
+                         if name not in ARGUMENT_LISTS]
+    assert unquoted == []
+
+
+def _test_config_under(tmp_path, folder: str, record: Path | None = None) -> Path:
+    """config/test.yaml with its results and its toy (data, model) under `folder`."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = yaml.safe_load((root / "config/test.yaml").read_text().replace("results/toy-test/", f"{folder}/toy-test/"))
+    cfg["results"] = folder
+    if record is not None:
+        cfg["toy"]["record"] = str(record)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def test_a_path_with_a_space_stays_one_argument_in_every_command(tmp_path):
+    from tests.test_workflow import snakemake
+
+    record = tmp_path / "recorded hashes" / "toy.sha256"
+    record.parent.mkdir()
+    record.write_text("")
+    proc = snakemake("-n", "-p", "--forceall", "--nolock", "--configfile",
+                     str(_test_config_under(tmp_path, "results/x y", record)))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    commands = shell_commands(proc.stdout)
+    rules = {w for words in commands for w in words if w in ("tables", "figures", "report", "hash", "train")}
+    assert rules == {"tables", "figures", "report", "hash", "train"}
+    split = [w for words in commands for w in words if w.endswith("results/x") or w.startswith("y/")
+             or w in ("hashes/toy.sha256", str(tmp_path / "recorded"))]
+    assert split == []
+    assert any(w == str(record) for words in commands for w in words)
+
+
+@pytest.mark.parametrize("payload", ["results/x$(touch PWNED)", "results/x;touch PWNED", "results/x`touch PWNED`",
+                                     "-results"])
+def test_a_path_with_shell_characters_is_refused_when_the_plan_is_made(tmp_path, payload):
+    from tests.test_workflow import snakemake
+
+    root = Path(__file__).resolve().parents[1]
+    proc = snakemake("-n", "-p", "--forceall", "--nolock", "--configfile", str(_test_config_under(tmp_path, payload)))
+    assert proc.returncode != 0 and "does not match" in proc.stdout + proc.stderr
+    assert "On instance['results']" in proc.stdout + proc.stderr
+    assert not (root / "PWNED").exists()
+
+
+def test_the_toy_size_arguments_are_quoted():
+    from bfspo.pipeline.matrix import toy_data_args
+
+    assert toy_data_args({"n_train": 5, "max_value": "9; touch PWNED"}) == "--n-train 5 --max-value '9; touch PWNED'"
+
+
 # ---- 6: a full disk outside the checkpoint ------------------------------------------------------------
 
 
