@@ -302,3 +302,63 @@ def test_a_model_path_that_names_nothing_stops_the_plan_on_a_cpu_class(tmp_path)
     assert proc.returncode != 0
     assert "train: results/toy-test/modle: no such model directory (run toy-test_toy_dapo_s0" in output
     assert "evaluation: results/toy-test/modle: no such model directory (benchmark toy" in output
+
+
+# ---- 10: two configs that name one table ----------------------------------------------------------------
+
+
+def _ablation_copy(tmp_path: Path, name: str, method: str, results: Path) -> Path:
+    """config/test.yaml with one method more in its table, as tmp_path/<name>.yaml, writing to `results`."""
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config/test.yaml").read_text())
+    cfg["results"] = str(results)
+    cfg["methods"][method] = {"label": "BFS-PO", "paper": "bfspo", "k": int(method[-1])}
+    cfg["tables"]["toy-test-ablation"]["methods"].append(method)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def test_a_table_built_by_one_config_is_refused_to_another_at_plan_time(tmp_path):
+    """The issue's case: two copies of config/test.yaml, each with a method added, both name the table
+    toy-test-ablation in one results folder. The first one's table job records its config; the second
+    config's plan (a dry run) is refused, naming the table, both configs and the ways out."""
+    from bfspo.reporting.owner import config_id
+    from tests.test_workflow import snakemake
+
+    results = tmp_path / "results"
+    first, second = (_ablation_copy(tmp_path, n, m, results) for n, m in (("k4", "bfspo-k4"), ("k5", "bfspo-k5")))
+    plan = snakemake("-n", "-p", "--forceall", "--nolock", "--configfile", str(first))
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
+    (table,) = [words for words in shell_commands(plan.stdout) if words[:3] == ["bfspo", "tables", "build"]]
+    owner = table[table.index("--owner") + 1]
+    assert owner == config_id([first])
+    out_dir = table[table.index("--out-dir") + 1]
+    spec = table[table.index("--spec") + 1]
+    # the first config's table job, as the plan prints it (with no summaries yet: an empty table)
+    assert main(["tables", "build", "--spec", spec, "--out-dir", out_dir, "--owner", owner]) == 0
+    assert (results / "tables" / "toy-test-ablation.owner").read_text() == f"{owner}\n"
+
+    refused = snakemake("-n", "--nolock", "--configfile", str(second))
+    assert refused.returncode != 0
+    assert (f"table toy-test-ablation: {results}/tables/toy-test-ablation.csv was built by the config {owner}, not "
+            f"{config_id([second])}; both would write it. Rename the table in one of them, give one its own "
+            f"`results:` folder, or delete {results}/tables/toy-test-ablation.* to hand the name to "
+            f"{config_id([second])}") in refused.stdout + refused.stderr
+    assert snakemake("-n", "--nolock", "--configfile", f"./{os.path.relpath(first)}").returncode == 0  # its owner
+
+
+def test_each_report_is_a_new_wandb_run(tmp_path, monkeypatch):
+    """A rebuilt table's report is a run of its own: never a fragment appended to the last report's id."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    csv = tmp_path / "t.csv"
+    csv.write_text("Method,mean\nDAPO,1.0\n")
+    ids = []
+    for attempt in range(2):
+        out = tmp_path / f"report{attempt}.json"
+        assert main(["report", "--project", "p", "--group", "t", "--tables", str(csv), "--wandb-dir",
+                     str(tmp_path / "wandb"), "--out", str(out)]) == 0
+        ids.append(json.loads(out.read_text())["run_id"])
+    assert ids[0] != ids[1]

@@ -20,6 +20,7 @@ from bfspo.pipeline.matrix import (
     toy_data_args,
 )
 from bfspo.preflight import plan_problems
+from bfspo.reporting.owner import config_id, owner_problems
 
 normalise_numbers(config)
 validate(config, schema="../schemas/config.schema.yaml")
@@ -47,6 +48,11 @@ _PROBLEMS = plan_problems({r: jobs.train_settings(MATRIX, r) for r in RUNS}, [
     MATRIX.built_model_paths())
 if _PROBLEMS:
     raise WorkflowError("invalid config:\n  " + "\n  ".join(_PROBLEMS))
+# A table that another config built in the same results folder is refused, not overwritten.
+CONFIG_ID = config_id(workflow.configfiles)
+_OWNERS = owner_problems(f"{RESULTS}/tables", config["tables"], CONFIG_ID)
+if _OWNERS:
+    raise WorkflowError("\n".join(_OWNERS))
 try:
     PLANS = gpu_plan.plan_matrix(MATRIX)  # peak memory and time of every GPU job (`bfspo plan` prints them)
     gpu_plan.check(MATRIX, PLANS)

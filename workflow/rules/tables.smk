@@ -17,13 +17,14 @@ rule table:
         reported=reported_arg(),
         runs_dir=f"{RESULTS}/runs",
         out_dir=output_dir,
+        owner=CONFIG_ID,
     resources:
         **slurm_resources(),
     conda:
         CONDA_ENV
     shell:
         "bfspo tables build --spec {params.spec:q} --summaries {input.summaries:q} {params.reported}"
-        " --runs-dir {params.runs_dir:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " --runs-dir {params.runs_dir:q} --out-dir {params.out_dir:q} --owner {params.owner:q} > {log:q} 2>&1"
 
 
 rule aes_consistency:
