@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `bfspo tree show FILE | head`
         sys.stderr.close()
         return 0
+    except OSError as e:  # the system refused a file operation (full disk, permissions) outside bfspo.io's writes
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"bfspo {argv[0]}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"bfspo {argv[0]}: interrupted", file=sys.stderr)
         return 130

@@ -1,4 +1,10 @@
-"""Files that are never half-written: atomic writes (of files and folders), and JSONL reading with line-numbered errors."""
+"""Files that are never half-written: atomic writes (of files and folders), fsynced appends of one line,
+and JSONL reading with line-numbered errors.
+
+Every write of a file goes through `_write_all`; a write that fails (a full disk, a quota, a
+read-only file system) is a BfspoError naming the file, the cause and the disk space left there,
+and leaves the file as it was: an atomic write removes its temporary file, an append cuts its
+partial line off again."""
 
 from __future__ import annotations
 
@@ -6,30 +12,75 @@ import json
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from bfspo.errors import BfspoError
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Write every byte of `data` to the file descriptor (os.write may write fewer)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_error(path: str | os.PathLike, error: BaseException, what: str = "writing it failed") -> BfspoError:
+    """The BfspoError of a write to `path` that failed: the file, the cause and the disk space left there."""
+    where = Path(path).parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = f"{shutil.disk_usage(where).free / 2**20:.0f} MiB of disk space left there"
+    except OSError:
+        free = "disk space left there unknown"
+    cause = (error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0])
+    return BfspoError(f"{path}: {what} ({cause}); {free}")
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder, then rename it into place."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+    tmp = None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+            _write_all(fd, text.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise write_error(path, e) from None
         raise
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append `line` and a newline to `path` (created if missing), on disk (fsynced) before this returns.
+    A failed write is cut off again, so the file never ends in a partial line of this call."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise write_error(path, e) from None
+    start = os.lseek(fd, 0, os.SEEK_END)
+    try:
+        _write_all(fd, (line + "\n").encode("utf-8"))
+        os.fsync(fd)
+    except OSError as e:
+        with suppress(OSError):  # the error below names the file; a reader drops a torn last line
+            os.ftruncate(fd, start)
+        raise write_error(path, e) from None
+    finally:
+        os.close(fd)
 
 
 @contextmanager

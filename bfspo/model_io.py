@@ -1,15 +1,15 @@
 """Load a causal LM and its tokenizer from a hub id or a local directory, with an optional LoRA adapter.
 
 Precision follows the paper's setting: bfloat16 on CUDA, float32 on CPU. Every way a user can
-point at the wrong thing (a missing path, a folder that holds no model, a hub id that is not in the
-cache while offline, an adapter trained on another base model) is a BfspoError naming it. So is a
+point at the wrong thing (a missing path, a folder that holds no model, a hub id that is neither
+cached nor reachable: bfspo/model_source.py; a folder whose config.json asks for its own code, an
+adapter trained on another base model) is a BfspoError naming it. So is a
 model whose weights do not match its config.json (keys missing, unexpected or of another shape, as
 transformers' loading report lists them): loaded anyway, it would be partly random.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -17,6 +17,7 @@ import torch
 from bfspo.device import resolve_device
 from bfspo.errors import BfspoError
 from bfspo.io import read_json
+from bfspo.model_source import check_model_source, offline
 
 
 TOKENIZER_PROBE = "The answer is 42."
@@ -32,27 +33,6 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def _offline() -> bool:
-    from huggingface_hub import is_offline_mode
-
-    return is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def _looks_like_path(name: str) -> bool:
-    """Hub ids are `name` or `owner/name`; anything else (absolute, ./, ~, deeper) is a local path."""
-    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
-
-
-def check_model_source(name: str) -> None:
-    """Raise BfspoError unless `name` is a model directory or something that reads as a hub id."""
-    path = Path(name).expanduser()
-    if path.exists():
-        if not path.is_dir() or not (path / "config.json").is_file():
-            raise BfspoError(f"{name}: not a model directory (no config.json)")
-    elif _looks_like_path(name):
-        raise BfspoError(f"{name}: no such model directory")
-
-
 def _from_pretrained(loader, name: str, **kw):
     """Call a transformers `from_pretrained`, turning a missing, uncached, unreadable or inconsistent
     model into a BfspoError (for a local folder: what is wrong with it, e.g. no weights, a truncated
@@ -62,6 +42,8 @@ def _from_pretrained(loader, name: str, **kw):
 
     try:
         return loader.from_pretrained(name, **kw)
+    except ValueError as e:  # a model type transformers does not know, custom code it would have to run, ...
+        raise BfspoError(unloadable(name, e)) from None
     except StrictDataclassError as e:  # e.g. num_hidden_layers 3 but 2 layer_types
         reason = str(e).strip().splitlines()[-1].strip().removeprefix("ValueError: ")
         raise BfspoError(f"{name}: its config.json contradicts itself ({reason})") from None
@@ -71,10 +53,24 @@ def _from_pretrained(loader, name: str, **kw):
     except OSError as e:
         if Path(name).expanduser().is_dir():
             raise BfspoError(f"{name}: could not load the model folder ({str(e).splitlines()[0]})") from None
-        if _offline():
+        if offline():
             raise BfspoError(f"{name}: not a local model directory and not in the Hugging Face cache "
                              "(HF_HUB_OFFLINE=1 forbids downloading it)") from None
         raise BfspoError(f"{name}: could not load ({e})") from None
+
+
+def unloadable(name: str, error: ValueError) -> str:
+    """Why transformers refused the model folder or hub id `name`, in a line."""
+    config = Path(name).expanduser() / "config.json"
+    try:
+        fields = read_json(config) if config.is_file() else {}
+    except BfspoError:
+        fields = {}
+    if isinstance(fields, dict) and isinstance(fields.get("auto_map"), dict):
+        return (f"{name}: its config.json asks for the model's own code (auto_map: "
+                f"{', '.join(map(str, fields['auto_map'].values()))}), which bfspo never runs, and its "
+                f"model_type {fields.get('model_type')!r} is not one that transformers knows")
+    return f"{name}: transformers cannot load it ({str(error).strip().splitlines()[0]})"
 
 
 def load_tokenizer(name: str):

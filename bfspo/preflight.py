@@ -7,10 +7,14 @@ one of its jobs after they are submitted.
   that does not divide the batch, and the rest.
 - Every evaluated benchmark's protocol goes through `check_protocol`, as `bfspo evaluate` checks it
   (several samples at temperature 0, a NaN temperature, ...).
+- Every model path that the workflow does not build itself (the toy, a stand-in) must be a model
+  folder or read as a hub id (`bfspo.model_source.local_problem`), whatever the size class: a
+  typo in a path stops the plan, not the job. A hub id is not looked up here (that could mean
+  the network); the job asks the hub once when it starts (`check_model_source`).
 - Every budget is checked against the positions of the model it runs on, where that model is a local
   folder holding a config.json already. A hub id is not checked here (reading its config could mean
-  a download), nor is a model the workflow builds itself (the toy, a stand-in): the job checks
-  each prompt plus the budget when it loads the model.
+  a download), nor is a model the workflow builds itself: the job checks each prompt plus the
+  budget when it loads the model.
 
 Imports stay light (no torch): this runs in every Snakemake invocation.
 """
@@ -22,6 +26,7 @@ from pathlib import Path
 
 from bfspo.errors import BfspoError
 from bfspo.evaluation.protocol import check_protocol
+from bfspo.model_source import local_problem
 from bfspo.tasks.benchmarks import get_benchmark
 from bfspo.training.config import config_from_values
 
@@ -38,6 +43,10 @@ def model_positions(model: str) -> int | None:
     return positions if isinstance(positions, int) and not isinstance(positions, bool) else None
 
 
+def _model_problem(model: str, built) -> str | None:
+    return None if model in built else local_problem(model)
+
+
 def _budget_problem(budget, model: str) -> str | None:
     positions = model_positions(model)
     if positions is not None and isinstance(budget, int) and budget >= positions:
@@ -46,13 +55,14 @@ def _budget_problem(budget, model: str) -> str | None:
     return None
 
 
-def plan_problems(runs: dict[str, dict], evaluations: list[dict]) -> list[str]:
+def plan_problems(runs: dict[str, dict], evaluations: list[dict], built: tuple[str, ...] | list[str] = ()) -> list[str]:
     """Every problem of the planned jobs, one line each, the runs or evaluations it concerns named
     (an empty list when the plan can run).
 
     runs: training run id -> its TrainConfig values (what `bfspo train --set` receives);
     evaluations: one dict per evaluated (model, benchmark): `model` (its path or hub id), `benchmark`,
-    `budget`, and `samples` and `temperature` where the config sets them (else the benchmark's).
+    `budget`, and `samples` and `temperature` where the config sets them (else the benchmark's);
+    built: the model paths that the workflow builds (absent until it has).
     """
     found: dict[str, list[str]] = {}  # problem -> where
     for run, values in runs.items():
@@ -61,7 +71,7 @@ def plan_problems(runs: dict[str, dict], evaluations: list[dict]) -> list[str]:
         except BfspoError as e:
             found.setdefault(str(e), []).append(f"run {run}")
             continue
-        problem = _budget_problem(cfg.budget, cfg.model)
+        problem = _model_problem(cfg.model, built) or _budget_problem(cfg.budget, cfg.model)
         if problem:
             found.setdefault(f"train: {problem}", []).append(f"run {run}")
     for ev in evaluations:
@@ -73,7 +83,7 @@ def plan_problems(runs: dict[str, dict], evaluations: list[dict]) -> list[str]:
         except BfspoError as e:
             found.setdefault(f"evaluation: {e}", []).append(where)
             continue
-        problem = _budget_problem(ev["budget"], ev["model"])
+        problem = _model_problem(ev["model"], built) or _budget_problem(ev["budget"], ev["model"])
         if problem:
             found.setdefault(f"evaluation: {problem}", []).append(where)
     return [f"{problem} ({', '.join(dict.fromkeys(where))})" for problem, where in found.items()]

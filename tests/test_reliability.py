@@ -206,7 +206,7 @@ def test_a_checkpoint_is_never_written_with_non_finite_tensors(tmp_path):
     with pytest.raises(BfspoError, match=r"optimizer exp_avg_sq of parameter 0"):
         checkpoint.save(tmp_path, model, optimizer, {"step": 2})
     assert not (tmp_path / "checkpoint.tmp").exists()
-    assert torch.load(checkpoint.latest(tmp_path) / "state.pt", weights_only=False)["step"] == 1
+    assert torch.load(checkpoint.latest(tmp_path) / "state.pt", weights_only=True)["step"] == 1
 
 
 def test_a_non_finite_update_in_training_is_skipped_counted_and_never_checkpointed(tiny_model_dir, train_data,

@@ -356,7 +356,7 @@ def test_interrupted_checkpoint_swap_is_recovered(tmp_path):
     checkpoint.save(tmp_path, Model(), Opt(), {"step": 2})
     assert checkpoint.latest(tmp_path) == tmp_path / "checkpoint"
     assert not old.exists() and not (tmp_path / "checkpoint.tmp").exists()
-    assert torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=False)["step"] == 2
+    assert torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=True)["step"] == 2
 
 
 def test_torn_metrics_line_and_early_kill_do_not_break_resume(tiny_model_dir, train_data, tmp_path):
@@ -455,7 +455,7 @@ def test_sigterm_or_slurms_warning_checkpoints_the_last_step_exits_and_resumes(t
     stdout, _ = proc.communicate(timeout=240)
     assert proc.returncode == 143
     logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    state = torch.load(out / "checkpoint" / "state.pt", weights_only=False)
+    state = torch.load(out / "checkpoint" / "state.pt", weights_only=True)
     assert state["step"] == logged[-1] < 4
     assert f"{signal.Signals(signum).name}: stopped after step {logged[-1]}" in stdout
     assert not (out / "done.json").exists()
@@ -467,8 +467,8 @@ def test_sigterm_or_slurms_warning_checkpoints_the_last_step_exits_and_resumes(t
 
 
 @pytest.mark.parametrize("line, message", [
-    ('{"id": "0", "question": null, "answer": "1"}', "train.jsonl:1: missing or empty field(s) question"),
-    ('{"id": "0", "question": "Q", "answer": true}', "train.jsonl:1: missing or empty field(s) answer"),
+    ('{"id": "0", "question": null, "answer": "1"}', "train.jsonl:1: missing or empty field 'question'"),
+    ('{"id": "0", "question": "Q", "answer": true}', "train.jsonl:1: field 'answer' must be text or a number, got true/false"),
     ('{"id": "0", "question": "Q\xff", "answer": "1"}', "train.jsonl:1: not UTF-8 text"),
 ])
 def test_bad_training_rows_are_refused(tiny_model_dir, tmp_path, line, message):
@@ -526,12 +526,75 @@ def test_a_truncated_state_pt_is_named_with_the_way_out(tmp_path):
     from bfspo.errors import BfspoError
     from bfspo.training import checkpoint
 
-    ckpt = tmp_path / "checkpoint"
-    ckpt.mkdir()
-    (ckpt / "COMPLETE").write_text("ok\n")  # a checkpoint from before manifests
-    torch.save({"step": 1, "optimizer": {}}, ckpt / "state.pt")
+    checkpoint.save(tmp_path, _FakeAdapterModel(), _FakeOptimizer(), {"step": 1})
+    ckpt = checkpoint.latest(tmp_path)
     (ckpt / "state.pt").write_bytes((ckpt / "state.pt").read_bytes()[:50])
+    _rewrite_manifest(ckpt)  # a truncation the manifest cannot see
     with pytest.raises(BfspoError, match=re.escape(f"{ckpt / 'state.pt'}: unreadable") + ".*" + re.escape(f"delete {ckpt}")):
+        checkpoint.load(ckpt, None, None)
+
+
+def _rewrite_manifest(ckpt):
+    """What whoever can write a run directory can do: make the manifest match the files."""
+    from bfspo.training import checkpoint
+
+    (ckpt / "COMPLETE").write_text(json.dumps({"sha256": checkpoint.checksums(ckpt)}))
+
+
+class _RunsCode:
+    """A pickled object that would create `path` when unpickled (os.system would do worse)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return Path.touch, (self.path,)
+
+
+def test_a_state_pt_that_would_run_code_is_refused_without_running_it(tmp_path):
+    """Issue 31, 4: state.pt is read with weights_only=True, even when its manifest matches."""
+    from bfspo.errors import BfspoError
+    from bfspo.training import checkpoint
+
+    checkpoint.save(tmp_path, _FakeAdapterModel(), _FakeOptimizer(), {"step": 1})
+    ckpt = checkpoint.latest(tmp_path)
+    assert torch.load(ckpt / "state.pt", weights_only=True)["step"] == 1  # what bfspo writes loads safely
+    ran = tmp_path / "PWNED"
+    torch.save({"step": 1, "optimizer": {}, "payload": _RunsCode(ran)}, ckpt / "state.pt")
+    _rewrite_manifest(ckpt)
+    with pytest.raises(BfspoError, match=re.escape(f"{ckpt / 'state.pt'}: holds objects other than tensors and "
+                                                   "plain values") + ".*" + re.escape(f"delete {ckpt}")):
+        checkpoint.load(ckpt, None, None)
+    assert not ran.exists()
+
+
+def test_the_rng_states_survive_a_safe_load(tmp_path):
+    """The RNG states go through torch.load(weights_only=True) and restore the same draws."""
+    import random
+
+    import numpy as np
+
+    from bfspo.training import checkpoint
+
+    torch.save({"rng": checkpoint.rng_state()}, tmp_path / "state.pt")
+    draws = random.random(), np.random.normal(), torch.rand(1).item()
+    checkpoint.set_rng_state(torch.load(tmp_path / "state.pt", weights_only=True)["rng"])
+    assert (random.random(), np.random.normal(), torch.rand(1).item()) == draws
+
+
+@pytest.mark.parametrize("marker", ['{"sha256": {"adapter/adapter_model.safet', "ok\n", "{}", '{"sha256": {}}'],
+                         ids=["torn", "before-manifests", "no-checksums", "empty"])
+def test_a_marker_that_is_not_a_manifest_is_a_damaged_checkpoint(tmp_path, marker):
+    """Issue 31, 5: a garbled COMPLETE does not turn verification off (the adapter here is damaged too)."""
+    from bfspo.errors import BfspoError
+    from bfspo.training import checkpoint
+
+    checkpoint.save(tmp_path, _FakeAdapterModel(), _FakeOptimizer(), {"step": 3})
+    ckpt = checkpoint.latest(tmp_path)
+    (ckpt / "adapter" / "adapter_model.safetensors").write_bytes(bytes(700))
+    (ckpt / "COMPLETE").write_text(marker)
+    with pytest.raises(BfspoError, match=re.escape(f"{ckpt / 'COMPLETE'}: not a checksum manifest") + ".*"
+                       + re.escape(f"delete {ckpt}")):
         checkpoint.load(ckpt, None, None)
 
 
@@ -557,4 +620,4 @@ def test_a_failed_checkpoint_write_reports_the_disk_space(tmp_path, monkeypatch)
     with pytest.raises(BfspoError, match="writing the checkpoint failed .*unexpected pos.* MiB of disk space left"):
         checkpoint.save(tmp_path, _FakeAdapterModel(), _FakeOptimizer(), {"step": 2})
     assert not (tmp_path / "checkpoint.tmp").exists()
-    assert torch.load(checkpoint.latest(tmp_path) / "state.pt", weights_only=False)["step"] == 1
+    assert torch.load(checkpoint.latest(tmp_path) / "state.pt", weights_only=True)["step"] == 1

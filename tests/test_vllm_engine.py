@@ -319,6 +319,6 @@ def test_two_ranks_each_train_with_their_own_engine(answering_model_dir, train_d
                            "-m", "bfspo.cli", *map(str, train_args(answering_model_dir, train_data, out, "vllm", 2))],
                           env={**os.environ, **ENV_KEYS}, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(torch.load(out / "checkpoint" / "state.pt", weights_only=False)["cursors"]) == 2
+    assert len(torch.load(out / "checkpoint" / "state.pt", weights_only=True)["cursors"]) == 2
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2] and all(r["train/optimizer_steps"] >= 1 for r in rows)

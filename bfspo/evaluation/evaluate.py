@@ -43,13 +43,14 @@ from bfspo.rollout.base import Completion, RolloutEngine, needed_model_len
 from bfspo import console, fingerprint, runlock
 from bfspo.device import DEVICES, resolve_device
 from bfspo.errors import BfspoError
-from bfspo.io import read_jsonl, write_json, write_jsonl
+from bfspo.io import write_json, write_jsonl
 from bfspo.evaluation.metrics import bootstrap_ci
 from bfspo.evaluation.progress import Progress
 from bfspo.evaluation.protocol import check_protocol
 from bfspo.model_io import (check_adapter, check_weights, load_config, load_model, load_tokenizer,
                             read_adapter_config)
 from bfspo.tasks.prompts import prompt_ids
+from bfspo.tasks.rows import read_rows
 from bfspo.tasks.verify import extract_answer, is_correct, timeouts
 
 
@@ -109,24 +110,11 @@ def parse_meta(items: list[str]) -> dict[str, str]:
     return meta
 
 
-def read_questions(path: Path, benchmark: Benchmark, limit: int | None = None) -> list[dict]:
-    """The prepared rows of `path` (the first `limit`), each checked: id, question and answer present,
-    ids unique, and the row's benchmark (when given) the one being evaluated."""
-    rows, seen = [], set()
-    for lineno, row in read_jsonl(path):
-        if limit is not None and len(rows) == limit:
-            break
-        for key in ("id", "question", "answer"):
-            value = row.get(key)
-            if not isinstance(value, (str, int)) or isinstance(value, bool) or str(value).strip() == "":
-                raise BfspoError(f"{path}:{lineno}: missing or empty field {key!r}")
-        if row.get("benchmark", benchmark.name) != benchmark.name:
-            raise BfspoError(f"{path}:{lineno}: row of benchmark {row['benchmark']!r}, "
-                             f"but evaluating {benchmark.name!r}")
-        if row["id"] in seen:
-            raise BfspoError(f"{path}:{lineno}: duplicate id {row['id']!r}")
-        seen.add(row["id"])
-        rows.append(row)
+def read_questions(path: Path, benchmark: Benchmark, limit: int | None = None,
+                   max_positions: int | None = None) -> list[dict]:
+    """The prepared rows of `path` (the first `limit`), read by `bfspo.tasks.rows.read_rows` (the rule
+    training follows too), each of the benchmark being evaluated where the row names one."""
+    rows = read_rows(path, limit, max_positions, benchmark.name)
     if not rows:
         raise BfspoError(f"{path}: no questions")
     return rows
@@ -156,7 +144,7 @@ def score(benchmark: Benchmark, rows: list[dict], results: list[list[Completion]
     whether its verification missed its deadline (then it is scored wrong)."""
     samples = []
     for row, completions in zip(rows, results):
-        gold = str(row["answer"])
+        gold = row["answer"]
         for index, c in enumerate(completions):
             text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
             missed = timeouts()
@@ -326,15 +314,16 @@ def evaluate(args) -> int:
     if earlier.get("settings") == settings and earlier.get("meta") == meta:
         print(f"{args.out_dir}: already done with these settings (summary.json); delete it to evaluate again")
         return 0
-    rows = read_questions(args.data, benchmark, args.limit)
+    max_positions = getattr(load_config(args.model), "max_position_embeddings", None)
+    rows = read_questions(args.data, benchmark, args.limit, max_positions)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
 
     tokenizer = load_tokenizer(args.model)
-    prompts = [prompt_ids(tokenizer, benchmark, str(row["question"])) for row in rows]
-    check_lengths(rows, prompts, budget, getattr(load_config(args.model), "max_position_embeddings", None))
+    prompts = [prompt_ids(tokenizer, benchmark, row["question"]) for row in rows]
+    check_lengths(rows, prompts, budget, max_positions)
     engine = build_engine(args, tokenizer, needed_model_len([len(p) for p in prompts], budget))
     batches = question_batches(prompts, max(1, args.batch_size // samples))
     set_aside(args.out_dir, settings, meta)

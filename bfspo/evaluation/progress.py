@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from bfspo.io import atomic_write_text, read_jsonl
+from bfspo.io import append_line, atomic_write_text, read_jsonl
 
 PARTIAL_NAME = "samples.partial.jsonl"
 
@@ -65,10 +65,7 @@ class Progress:
     def record(self, batch: int, ids: list, seconds: float, samples: list[dict]) -> None:
         """Append one generated batch, on disk (fsynced) before this returns."""
         record = {"batch": batch, "ids": ids, "seconds": seconds, "samples": samples}
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.path, json.dumps(record, ensure_ascii=False))
         self.done[batch] = record
 
     def remove(self) -> None:

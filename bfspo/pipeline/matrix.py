@@ -329,4 +329,4 @@ def toy_data_args(section: dict) -> str:
     """`bfspo toy data` split sizes and difficulty that a config section (`toy`, `toy.questions`)
     sets (the rest keep the CLI's defaults)."""
     keys = ("n_train", "n_rl", "n_eval", "max_value", "max_operand", "min_steps", "max_steps")
-    return " ".join(f"--{k.replace('_', '-')} {section[k]}" for k in keys if k in section)
+    return " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(section[k]))}" for k in keys if k in section)

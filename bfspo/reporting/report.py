@@ -7,7 +7,9 @@ missing one is empty), so W&B can sort, filter and plot them.
                  --wandb-dir results/wandb [--wandb-tags TAG ...] --out results/report/G.json
 
 Offline by default (no account; `wandb sync <wandb-dir>/...` uploads later); WANDB_MODE wins, as
-for every bfspo run. --out records what was logged, and is written last.
+for every bfspo run. --out records what was logged, and is written last. Each report is a new W&B
+run with its own id (recorded in --out): a rebuilt table is a new run beside the old one, never a
+fragment appended to the old one's id, so a sync never mixes two versions of a table in one run.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def run(args) -> int:
     run_dir = args.wandb_dir / f"report-{args.group}"
     wb = tracking.start(run_dir, {"tables": [str(p) for p in tables]}, project=args.project, group=args.group,
                         job_type="report", name=args.name or args.group, mode=args.mode,
-                        tags=tracking.run_tags({"tables": [args.group], "wandb_tags": args.wandb_tags}))
+                        tags=tracking.run_tags({"tables": [args.group], "wandb_tags": args.wandb_tags}), resume=False)
     if wb is not None:
         log_report(wb, tables, figures)
     record = {

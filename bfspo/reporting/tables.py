@@ -1,6 +1,6 @@
 """`bfspo tables`: the paper's tables, built from evaluation summaries, beside the paper's own rows.
 
-    bfspo tables build --spec JSON --summaries S.json ... [--reported CSV] [--runs-dir DIR] --out-dir DIR
+    bfspo tables build --spec JSON --summaries S.json ... [--reported CSV] [--runs-dir DIR] --out-dir DIR [--owner CONFIG]
     bfspo tables consistency --reported CSV --out-dir DIR
 
 `build` writes DIR/<name>.md and .tex (booktabs), formatted in the paper's column order plus a
@@ -39,6 +39,7 @@ import pandas as pd
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text, read_jsonl
 from bfspo.evaluation.metrics import aes_consistency
+from bfspo.reporting.owner import write_owner
 from bfspo.reporting.latex import NO, YES, latex_escape
 from bfspo.reporting.summaries import (METRICS, ZERO_SHOT, Stat, aggregate, check_trained_on, load_reported,
                                        load_spec, load_summaries, score)
@@ -284,6 +285,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--runs-dir", help="training run directories: notes name the runs whose batches came out short, "
                    "and each evaluation must have scored its run's adapter on the run's base model")
     b.add_argument("--out-dir", required=True)
+    b.add_argument("--owner", help="the workflow config that owns the table, recorded in OUT_DIR/<name>.owner "
+                                   "(bfspo/reporting/owner.py)")
     c = sub.add_parser("consistency", help="paper rows whose printed AES disagrees with its formula")
     c.add_argument("--reported", required=True)
     c.add_argument("--out-dir", required=True)
@@ -296,6 +299,8 @@ def run(args) -> int:
         print(f"{len(bad)} paper rows with an inconsistent AES -> {Path(args.out_dir) / 'aes_consistency.md'}")
         return 0
     spec = load_spec(args.spec)
+    if args.owner:
+        write_owner(args.out_dir, spec["name"], args.owner)
     summaries = load_summaries(args.summaries)
     if args.runs_dir:
         check_trained_on(summaries, args.runs_dir)

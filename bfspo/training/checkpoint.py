@@ -5,14 +5,21 @@ format) and `state.pt` (optimizer state, step, data cursor, RNG states). It is w
 `checkpoint.tmp/`, then swapped in by renames; a crash at any point leaves either the previous
 checkpoint or the new one in place, never a partial one that looks complete. Its marker file
 `COMPLETE` is a manifest of the SHA-256 of every other file, checked before resuming: a damaged or
-hand-edited checkpoint is named, never loaded silently. A checkpoint is never written with NaN or
-inf in the adapter or the optimizer state: every resume would load the poison.
+hand-edited checkpoint is named, never loaded silently; so is a marker that is not a manifest (torn,
+or from a bfspo before manifests). A checkpoint is never written with NaN or inf in the adapter or
+the optimizer state: every resume would load the poison.
+
+Nothing in a checkpoint runs code: `state.pt` holds tensors and plain values only (the RNG states as
+lists and tensors, not numpy objects) and is read with `torch.load(weights_only=True)`, which
+refuses anything else (a pickled object whose `__reduce__` would run a command) without running it.
+The manifest does not guard against that, since whoever can write `state.pt` can rewrite it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -21,6 +28,7 @@ import numpy as np
 import torch
 
 from bfspo.errors import BfspoError
+from bfspo.io import write_error
 from bfspo.training.nonfinite import nonfinite_tensors
 
 NAME = "checkpoint"
@@ -38,24 +46,42 @@ def save(run_dir: Path, model, optimizer, state: dict) -> None:
     if not final.exists() and (old / MARKER).is_file():  # an earlier save died mid-swap: restore it first
         old.rename(final)
     shutil.rmtree(tmp, ignore_errors=True)
-    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
     try:
         tmp.mkdir(parents=True)
         model.save_pretrained(tmp / "adapter")
-        torch.save({"optimizer": optimizer.state_dict(), "rng": rng, **state}, tmp / "state.pt")
+        torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state(), **state}, tmp / "state.pt")
         (tmp / MARKER).write_text(json.dumps({"sha256": checksums(tmp)}, indent=1) + "\n")
     except (OSError, RuntimeError) as e:  # a full disk reaches torch.save as "unexpected pos ..."
         shutil.rmtree(tmp, ignore_errors=True)
-        free = shutil.disk_usage(run_dir).free
-        raise BfspoError(f"{tmp}: writing the checkpoint failed ({str(e).splitlines()[0]}); {free / 2**20:.0f} MiB "
-                         "of disk space left there (the previous checkpoint is kept)") from None
+        raise BfspoError(f"{write_error(tmp, e, 'writing the checkpoint failed')} (the previous checkpoint is kept)"
+                         ) from None
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def rng_state() -> dict:
+    """The Python, numpy, torch (and CUDA) RNG states as tensors and plain values, which
+    `torch.load(weights_only=True)` reads back (a numpy array it refuses)."""
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
+    rng = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def set_rng_state(rng: dict) -> None:
+    """Restore the RNG states that `rng_state` returned."""
+    numpy_state = rng["numpy"]
+    numpy_state["state"]["key"] = numpy_state["state"]["key"].numpy().astype(np.uint32)
+    random.setstate(rng["python"])
+    np.random.set_state(numpy_state)
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 def checksums(folder: Path) -> dict[str, str]:
@@ -86,12 +112,18 @@ def latest(run_dir: Path) -> Path | None:
 
 
 def verify(path: Path) -> None:
-    """Check the checkpoint's files against its manifest (checkpoints written before manifests pass)."""
+    """Check the checkpoint's files against its manifest. A marker that is not a manifest (torn, edited,
+    or written by a bfspo before manifests, whose state.pt could not be read safely anyway) is a
+    damaged checkpoint, never a reason to skip the check."""
     try:
-        manifest = json.loads((path / MARKER).read_text())
+        manifest = json.loads((path / MARKER).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return
-    expected = manifest.get("sha256", {}) if isinstance(manifest, dict) else {}
+        manifest = None
+    expected = manifest.get("sha256") if isinstance(manifest, dict) else None
+    if not isinstance(expected, dict) or not expected:
+        raise BfspoError(f"{path / MARKER}: not a checksum manifest, so the checkpoint cannot be verified (a torn or "
+                         "edited marker, or a checkpoint from a bfspo before manifests); delete "
+                         f"{path} to restart the run from step 0")
     found = checksums(path)
     bad = sorted(name for name in expected if found.get(name) != expected[name])
     if bad:
@@ -106,7 +138,12 @@ def load(path: Path, model, optimizer) -> dict:
 
     verify(path)
     try:
-        state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise BfspoError(f"{path / 'state.pt'}: holds objects other than tensors and plain values, which could run "
+                         "code when loaded, so it is not loaded (a checkpoint written before bfspo kept its RNG "
+                         f"states as tensors, or one tampered with); delete {path} to restart the run from step 0"
+                         ) from None
     except Exception as e:
         raise BfspoError(f"{path / 'state.pt'}: unreadable ({str(e).splitlines()[0]}); delete {path} to restart "
                          "the run from step 0") from None
@@ -117,10 +154,5 @@ def load(path: Path, model, optimizer) -> dict:
                          "the run from step 0") from None
     set_peft_model_state_dict(model, weights)
     optimizer.load_state_dict(state.pop("optimizer"))
-    rng = state.pop("rng")
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
+    set_rng_state(state.pop("rng"))
     return state

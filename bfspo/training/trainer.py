@@ -46,7 +46,7 @@ from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_t
 from bfspo.training.config import OBSERVATION_FIELDS, TrainConfig, load_train_config
 from bfspo.training.samples import sample_table
 from bfspo.errors import BfspoError
-from bfspo.io import atomic_write_text, read_json, read_jsonl, write_json
+from bfspo.io import append_line, atomic_write_text, read_json, read_jsonl, write_json
 from bfspo.algorithm.packing import n_entries
 from bfspo.rollout.rescore import RescoredEngine
 from bfspo.training.accumulate import minibatch_backward
@@ -65,30 +65,23 @@ class Question:
 
 def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None, split: str = "train") -> list[Question]:
     """Tokenised prompts of the training set (its first `cfg.limit`, if set), or with split "val" of
-    the held-out set (its first `cfg.val_questions`); an empty set, a duplicate id or a prompt with
-    no room for the budget is an error."""
+    the held-out set (its first `cfg.val_questions`); rows are read by `bfspo.tasks.rows.read_rows`
+    (the rule evaluation follows too), and an empty set or a prompt with no room for the budget is
+    an error."""
     from bfspo.tasks.benchmarks import get_benchmark
     from bfspo.tasks.prompts import prompt_ids
+    from bfspo.tasks.rows import read_rows
 
     path, benchmark, limit = ((cfg.train_data, cfg.benchmark, cfg.limit) if split == "train"
                               else (cfg.val_data, cfg.val_benchmark or cfg.benchmark, cfg.val_questions))
     get_benchmark(benchmark)
-    questions, seen = [], set()
-    for lineno, row in read_jsonl(path):
-        if limit and len(questions) == limit:
-            break
-        missing = [k for k in ("id", "question", "answer")
-                   if not isinstance(row.get(k), (str, int)) or isinstance(row[k], bool) or str(row[k]).strip() == ""]
-        if missing:
-            raise BfspoError(f"{path}:{lineno}: missing or empty field(s) {', '.join(missing)}")
-        if str(row["id"]) in seen:
-            raise BfspoError(f"{path}:{lineno}: duplicate id {row['id']!r}")
-        seen.add(str(row["id"]))
+    questions = []
+    for row in read_rows(path, limit or None, max_positions):
         ids = prompt_ids(tokenizer, benchmark, row["question"])
         if max_positions is not None and len(ids) + cfg.budget > max_positions:
-            raise BfspoError(f"{path}:{lineno}: the prompt ({len(ids)} tokens) plus the budget "
+            raise BfspoError(f"{path}: question {row['id']!r}: the prompt ({len(ids)} tokens) plus the budget "
                              f"({cfg.budget}) exceed the model's {max_positions} positions")
-        questions.append(Question(str(row["id"]), ids, str(row["answer"])))
+        questions.append(Question(row["id"], ids, row["answer"]))
     if not questions:
         raise BfspoError(f"{path}: no {'training' if split == 'train' else 'validation'} questions")
     return questions
@@ -414,8 +407,7 @@ class Trainer:
         trees = dist.gather([t.to_dict(decode=self.token_strings) for t in self.trees_to_log(generated)])
         trees = [t for part in trees for t in part]
         if self.rank == 0:
-            with (self.run_dir / "metrics.jsonl").open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_line(self.run_dir / "metrics.jsonl", json.dumps(row))
             if trees:
                 atomic_write_text(self.run_dir / "trees" / f"step_{self.step:05d}.jsonl",
                                   "".join(json.dumps(t) + "\n" for t in trees))

@@ -20,6 +20,7 @@ from bfspo.pipeline.matrix import (
     toy_data_args,
 )
 from bfspo.preflight import plan_problems
+from bfspo.reporting.owner import config_id, owner_problems
 
 normalise_numbers(config)
 validate(config, schema="../schemas/config.schema.yaml")
@@ -40,12 +41,18 @@ EVAL_RUN_RE = _alternation(list(RUNS) + list(MATRIX.zero_shot_runs))
 TABLE_RE = _alternation(config["tables"])
 
 # Refuse at plan time what every job would refuse: each run's settings (through TrainConfig), each
-# evaluation's protocol and budget (bfspo/preflight.py).
+# evaluation's protocol and budget, and a model path that names no model folder (bfspo/preflight.py).
 _PROBLEMS = plan_problems({r: jobs.train_settings(MATRIX, r) for r in RUNS}, [
     dict(config["benchmarks"][c["benchmark"]], benchmark=c["benchmark"], model=config["models"][m]["path"])
-    for spec in config["tables"].values() for m in spec["models"] for c in spec["columns"]])
+    for spec in config["tables"].values() for m in spec["models"] for c in spec["columns"]],
+    MATRIX.built_model_paths())
 if _PROBLEMS:
     raise WorkflowError("invalid config:\n  " + "\n  ".join(_PROBLEMS))
+# A table that another config built in the same results folder is refused, not overwritten.
+CONFIG_ID = config_id(workflow.configfiles)
+_OWNERS = owner_problems(f"{RESULTS}/tables", config["tables"], CONFIG_ID)
+if _OWNERS:
+    raise WorkflowError("\n".join(_OWNERS))
 try:
     PLANS = gpu_plan.plan_matrix(MATRIX)  # peak memory and time of every GPU job (`bfspo plan` prints them)
     gpu_plan.check(MATRIX, PLANS)

@@ -13,4 +13,4 @@ rule prepare:
     conda:
         CONDA_ENV
     shell:
-        "bfspo prepare --raw-dir {input:q} --out-dir {params.out_dir:q} > {log} 2>&1"
+        "bfspo prepare --raw-dir {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -32,4 +32,4 @@ rule evaluate:
         CONDA_ENV
     shell:
         "mkdir -p {params.out_dir:q} && ln -sfn {params.log_link:q} {log:q} && "
-        "bfspo evaluate {params.args} --threads {params.threads} --out-dir {params.out_dir:q} >> {log:q} 2>&1"
+        "bfspo evaluate {params.args} --threads {params.threads:q} --out-dir {params.out_dir:q} >> {log:q} 2>&1"

@@ -26,8 +26,8 @@ if "stand_ins" in config:
         conda:
             CONDA_ENV
         shell:
-            "bfspo stand-in --data {params.data} --budget {params.budget} --seed {params.seed}"
-            " --out-dir {output:q} > {log} 2>&1"
+            "bfspo stand-in --data {params.data} --budget {params.budget:q} --seed {params.seed:q}"
+            " --out-dir {output:q} > {log:q} 2>&1"
 
     rule stand_in_sft:
         input:
@@ -48,8 +48,8 @@ if "stand_ins" in config:
         conda:
             CONDA_ENV
         shell:
-            "bfspo stand-in-sft --model {input.model:q} --data {params.data} --questions {params.questions}"
-            " --out-dir {output:q} {params.wandb} > {log} 2>&1"
+            "bfspo stand-in-sft --model {input.model:q} --data {params.data} --questions {params.questions:q}"
+            " --out-dir {output:q} {params.wandb} > {log:q} 2>&1"
 
     rule rehearsal_check:
         input:
@@ -67,5 +67,5 @@ if "stand_ins" in config:
         conda:
             CONDA_ENV
         shell:
-            "bfspo rehearsal-check --tables {params.tables} --runs {params.runs} --out {output:q} > {log} 2>&1"
-            " && cat {log}"
+            "bfspo rehearsal-check --tables {params.tables} --runs {params.runs} --out {output:q} > {log:q} 2>&1"
+            " && cat {log:q}"

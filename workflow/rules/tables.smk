@@ -17,13 +17,14 @@ rule table:
         reported=reported_arg(),
         runs_dir=f"{RESULTS}/runs",
         out_dir=output_dir,
+        owner=CONFIG_ID,
     resources:
         **slurm_resources(),
     conda:
         CONDA_ENV
     shell:
-        "bfspo tables build --spec {params.spec:q} --summaries {input.summaries} {params.reported}"
-        " --runs-dir {params.runs_dir} --out-dir {params.out_dir} > {log} 2>&1"
+        "bfspo tables build --spec {params.spec:q} --summaries {input.summaries:q} {params.reported}"
+        " --runs-dir {params.runs_dir:q} --out-dir {params.out_dir:q} --owner {params.owner:q} > {log:q} 2>&1"
 
 
 rule aes_consistency:
@@ -40,7 +41,7 @@ rule aes_consistency:
     conda:
         CONDA_ENV
     shell:
-        "bfspo tables consistency --reported {input:q} --out-dir {params.out_dir} > {log} 2>&1"
+        "bfspo tables consistency --reported {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule figures:
@@ -63,8 +64,8 @@ rule figures:
     conda:
         CONDA_ENV
     shell:
-        "bfspo figures --spec {params.spec:q} --summaries {input.summaries} --runs-dir {params.runs_dir}"
-        " {params.reported} --out-dir {output:q} > {log} 2>&1"
+        "bfspo figures --spec {params.spec:q} --summaries {input.summaries:q} --runs-dir {params.runs_dir:q}"
+        " {params.reported} --out-dir {output:q} > {log:q} 2>&1"
 
 
 rule report:
@@ -88,6 +89,6 @@ rule report:
     conda:
         CONDA_ENV
     shell:
-        "bfspo report --project {params.project:q} --group {params.group:q} --mode {params.mode}"
-        " --tables {input.table:q} --figures {input.figures:q} --wandb-dir {params.wandb_dir} {params.tags}"
-        " --out {output:q} > {log} 2>&1"
+        "bfspo report --project {params.project:q} --group {params.group:q} --mode {params.mode:q}"
+        " --tables {input.table:q} --figures {input.figures:q} --wandb-dir {params.wandb_dir:q} {params.tags}"
+        " --out {output:q} > {log:q} 2>&1"

@@ -20,7 +20,7 @@ if "toy" in config:
         conda:
             CONDA_ENV
         shell:
-            "bfspo toy data --out-dir {params.out_dir:q} --seed {params.seed} {params.sizes} > {log} 2>&1"
+            "bfspo toy data --out-dir {params.out_dir:q} --seed {params.seed:q} {params.sizes} > {log:q} 2>&1"
 
     rule toy_model:
         input:
@@ -43,7 +43,7 @@ if "toy" in config:
         conda:
             CONDA_ENV
         shell:
-            "bfspo toy build --train {input:q} --out-dir {output:q} --size {params.size} {params.wandb} > {log} 2>&1"
+            "bfspo toy build --train {input:q} --out-dir {output:q} --size {params.size:q} {params.wandb} > {log:q} 2>&1"
 
     rule toy_check:
         input:
@@ -56,7 +56,7 @@ if "toy" in config:
             "logs/toy/check.log",
         params:
             data_dir=lambda wc, input: os.path.dirname(input.data[0]),
-            record=lambda wc, input: f"--record {input.record}" if "record" in TOY else "",
+            record=lambda wc, input: f"--record {shlex.quote(input.record)}" if "record" in TOY else "",
         resources:
             **slurm_resources(),
         conda:
@@ -83,6 +83,6 @@ if "toy" in config:
             conda:
                 CONDA_ENV
             shell:
-                "bfspo toy data --out-dir {params.out_dir:q} --seed {params.seed} --n-train 1 {params.knobs}"
-                " --exclude {input:q} > {log} 2>&1"
+                "bfspo toy data --out-dir {params.out_dir:q} --seed {params.seed:q} --n-train 1 {params.knobs}"
+                " --exclude {input:q} > {log:q} 2>&1"
 

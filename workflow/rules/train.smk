@@ -35,5 +35,5 @@ rule train:
         CONDA_ENV
     shell:
         "mkdir -p {params.out_dir:q} && ln -sfn {params.log_link:q} {log:q} && "
-        "{params.launcher} train --output-dir {params.out_dir:q} {params.settings} --set threads={params.rank_threads} "
+        "{params.launcher} train --output-dir {params.out_dir:q} {params.settings} --set threads={params.rank_threads:q} "
         ">> {log:q} 2>&1"
