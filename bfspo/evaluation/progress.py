@@ -14,7 +14,6 @@ then removed.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from tqdm.auto import tqdm
