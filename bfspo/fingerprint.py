@@ -30,6 +30,7 @@ from pathlib import Path
 
 from bfspo.errors import BfspoError
 from bfspo.io import check_file
+from bfspo.model_source import check_model_source, offline
 
 RUN_INPUTS = "inputs.json"  # a training run's fingerprints of its inputs, beside its config.json
 MODEL_CONFIGS = ("config.json", "generation_config.json")
@@ -85,10 +86,8 @@ def folder_files(folder: str | os.PathLike, part: str) -> dict[str, str]:
 def model_folder(name: str) -> Path:
     """The local folder of model `name`: the folder itself, or a hub id's snapshot in the Hugging Face
     cache (fetched there first, only the files a fingerprint reads, unless offline, as transformers would).
-    BfspoError as in bfspo.model_io for a missing folder or an uncached hub id offline."""
+    BfspoError as in bfspo.model_source for a missing folder or an uncached hub id offline."""
     from huggingface_hub import snapshot_download
-
-    from bfspo.model_io import _offline as offline, check_model_source
 
     check_model_source(name)
     path = Path(name).expanduser()

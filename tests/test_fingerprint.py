@@ -74,7 +74,7 @@ def test_a_hub_id_is_read_from_the_cache_without_hashing_its_weights(tmp_path, m
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     inputs = fingerprint.model_inputs("org/tiny")
     assert inputs["model"] == {"config.json": hashlib.sha256(b"{}").hexdigest(), "model.safetensors": named}
-    with pytest.raises(BfspoError, match="org/absent: not a local model directory and not in the Hugging Face cache"):
+    with pytest.raises(BfspoError, match="org/absent: neither a local folder nor reachable"):
         fingerprint.model_inputs("org/absent")
     with pytest.raises(BfspoError, match="no such model directory"):
         fingerprint.model_inputs(str(tmp_path / "nowhere"))

@@ -17,7 +17,6 @@ The manifest does not guard against that, since whoever can write `state.pt` can
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pickle
 import random
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 
 from bfspo.errors import BfspoError
+from bfspo.fingerprint import file_sha256
 from bfspo.io import write_error
 from bfspo.training.nonfinite import nonfinite_tensors
 
@@ -86,14 +86,8 @@ def set_rng_state(rng: dict) -> None:
 
 def checksums(folder: Path) -> dict[str, str]:
     """SHA-256 of every file under `folder` but the marker, by path relative to it."""
-    out = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER):
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        out[path.relative_to(folder).as_posix()] = digest.hexdigest()
-    return out
+    return {path.relative_to(folder).as_posix(): file_sha256(path)
+            for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER)}
 
 
 def latest(run_dir: Path) -> Path | None:
