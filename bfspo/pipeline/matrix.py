@@ -20,12 +20,11 @@ import shlex
 from pathlib import Path
 
 from bfspo.errors import BfspoError
+from bfspo.pipeline.schema import SCHEMA, SchemaError, validate_config
 
 ZERO_SHOT = "zero-shot"
 TOY_DATA_FILES = ["train", "rl_train", "toy", "toy_ood"]
 PREPARED_SPLITS = ["gsm8k_train", "math_train", "gsm8k", "math500", "mmlu_stem", "aime25", "minerva_math"]
-# The schema of a workflow config, in a source checkout (where the workflow is).
-SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 _EXPONENT_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
@@ -48,10 +47,8 @@ def normalise_numbers(config: dict) -> None:
 
 def load_config(path: str | Path, schema: str | Path = SCHEMA) -> dict:
     """A workflow config file as the workflow reads it: YAML, numbers normalised, validated against
-    the schema with its defaults filled in (Snakemake's `validate`, as workflow/rules/common.smk)."""
+    the schema with its defaults filled in (`validate_config`, as workflow/rules/common.smk)."""
     import yaml
-    from snakemake.exceptions import WorkflowError
-    from snakemake.utils import validate
 
     try:
         config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
@@ -61,8 +58,8 @@ def load_config(path: str | Path, schema: str | Path = SCHEMA) -> dict:
         raise ConfigError(f"{path}: a workflow config is a YAML mapping")
     normalise_numbers(config)
     try:
-        validate(config, str(schema))
-    except WorkflowError as e:
+        validate_config(config, schema)
+    except SchemaError as e:
         raise ConfigError(f"{path}: {e}") from None
     return config
 
