@@ -15,6 +15,7 @@ ConfigError naming every problem.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from pathlib import Path
@@ -276,6 +277,25 @@ class Matrix:
         if "toy" in self.config:
             outputs.append(f"{self.config['toy']['model_dir']}.sha256")
         return outputs
+
+    def closing_message(self, mode: str | None = None) -> str:
+        """What the workflow prints when it succeeds (the Snakefile's `onsuccess`): each table that
+        exists, its formats and its figures, and the command that uploads the W&B runs (for
+        `mode`, the W&B mode the runs had: WANDB_MODE, else the config's)."""
+        mode = mode or os.environ.get("WANDB_MODE") or self.wandb["mode"]
+        lines = ["The workflow finished."]
+        tables = [t for t in self.config["tables"] if Path(f"{self.results}/tables/{t}.md").is_file()]
+        if tables:
+            width = max(map(len, tables))
+            lines.append(f"Tables (.md, .csv and .tex in {self.results}/tables/) and figures:")
+            lines += [f"  {t:<{width}}  {self.results}/tables/{t}.md   {self.results}/figures/{t}/" for t in tables]
+        rehearsal = " --rehearsal" if "stand_ins" in self.config else ""
+        if mode == "offline":
+            lines.append(f"W&B runs are offline under {self.results}/: `bfspo sync {self.results}{rehearsal}` uploads "
+                         f"them (`bfspo sync {self.results}{rehearsal} --list` lists them).")
+        elif mode == "online":
+            lines.append(f"W&B runs were logged live to the project {self.wandb['project']}.")
+        return "\n".join(lines)
 
     def reported_inputs(self) -> list[str]:
         return [self.config["reported_results"]] if self.config.get("reported_results") else []

@@ -6,7 +6,7 @@ missing one is empty), so W&B can sort, filter and plot them.
     bfspo report --project P --group G [--mode offline] --tables T.csv ... --figures DIR ...
                  --wandb-dir results/wandb [--wandb-tags TAG ...] --out results/report/G.json
 
-Offline by default (no account; `wandb sync <wandb-dir>/...` uploads later); WANDB_MODE wins, as
+Offline by default (no account; `bfspo sync <wandb-dir>` uploads later); WANDB_MODE wins, as
 for every bfspo run. --out records what was logged, and is written last.
 """
 

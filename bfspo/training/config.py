@@ -186,7 +186,7 @@ class TrainConfig:
     wandb_tags: list[str] = field(default_factory=list, metadata={
         "help": "W&B tags added to the workflow's (config `wandb.tags`; the rehearsal's runs carry `rehearsal`)."})
     wandb_mode: str = field(default="offline", metadata={
-        "help": "W&B mode: offline (default, no account; `wandb sync` later), online or disabled. "
+        "help": "W&B mode: offline (default, no account; `bfspo sync` later), online or disabled. "
                 "The WANDB_MODE environment variable wins."})
     run_name: str | None = field(default=None, metadata={"help": "Run name (default: the output directory's name)."})
     method_key: str | None = field(default=None, metadata={
