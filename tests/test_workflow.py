@@ -419,8 +419,12 @@ def check_offline_wandb_runs(results: Path, env: dict) -> None:
     listed = subprocess.run([sys.executable, "-m", "bfspo.cli", "sync", str(results), "--list"], env=env,
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
-    found = [Path(line.split("\t")[0]) for line in listed.stdout.splitlines()]
-    assert found == offline_runs(results) and {line.split("\t")[1] for line in listed.stdout.splitlines()} == {"bfspo"}
+    header, *rows = [line.split("\t") for line in listed.stdout.splitlines()]
+    found = offline_runs(results)
+    # one line a run (name, project, group, fragments, tags, its wandb/ folder); none was resumed here
+    assert header == ["name", "project", "group", "fragments", "tags", "folder"] and {r[1] for r in rows} == {"bfspo"}
+    assert sorted(Path(r[5]) for r in rows) == sorted(p.parent for p in found) and {r[3] for r in rows} == {"1"}
+    assert all("table:toy-test-ablation" in r[4].split(",") for r in rows if r[0] != "sft-toy-test")
     trained = sorted(p.name for p in (results / "runs").iterdir())
     evaluated = sorted(f"{r.name}/{b.name}" for r in (results / "eval").iterdir() for b in r.iterdir())
     assert sorted(p.parents[1].name for p in found if p.parents[2].name == "runs") == trained
@@ -520,6 +524,10 @@ def test_test_config_runs_end_to_end(tmp_path):
     run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config/test.yaml"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    # issue 33: the closing message (the Snakefile's onsuccess) names the table, its figures and `bfspo sync`
+    closing = run.stdout[run.stdout.index("The workflow finished."):]
+    assert "  toy-test-ablation  results/tables/toy-test-ablation.md   results/figures/toy-test-ablation/" in closing
+    assert "`bfspo sync results` uploads them" in closing
 
     table = pd.read_csv(tmp_path / "results/tables/toy-test-ablation.csv", dtype={"K": str})
     rows = table.drop_duplicates(["Method", "K"])
