@@ -27,3 +27,8 @@ include: "workflow/rules/tables.smk"
 rule all:
     input:
         final_outputs(),
+
+
+# Where the tables and figures are, and how to upload the W&B runs (bfspo/pipeline/matrix.py).
+onsuccess:
+    print(MATRIX.closing_message())

@@ -52,7 +52,9 @@ def start(run_dir: Path, config: dict, *, project: str, group: str | None, job_t
 
     Its tags are `tags`, or else `run_tags(config)` (a training config carries the workflow's names).
     `footer=False` leaves out wandb's closing panel (the first ten keys in alphabetical order),
-    for runs that print their own summary (`finish(run, summary)`). `resume=False` starts a new W&B
+    for runs that print their own summary (`finish(run, summary)`). An offline run is quiet (wandb's
+    `quiet`: neither that panel nor wandb's advice to `wandb sync` it); `finish` names `bfspo sync`
+    instead, which uploads a resumed run's fragments into one run. `resume=False` starts a new W&B
     run even where run_dir holds one (a job that starts over, such as an SFT, is not a resumption).
     """
     mode = os.environ.get("WANDB_MODE", mode)
@@ -64,10 +66,12 @@ def start(run_dir: Path, config: dict, *, project: str, group: str | None, job_t
     id_file = run_dir / "wandb_id.txt"
     run_id = id_file.read_text().strip() if id_file.exists() and resume else uuid.uuid4().hex[:12]
     id_file.write_text(run_id + "\n")
-    settings = None if footer else wandb.Settings(max_end_of_run_history_metrics=0, max_end_of_run_summary_metrics=0)
+    settings = {} if footer else {"max_end_of_run_history_metrics": 0, "max_end_of_run_summary_metrics": 0}
+    if mode == "offline":
+        settings["quiet"] = True
     return wandb.init(project=project, group=group, job_type=job_type, name=name, config=config,
                       dir=str(run_dir), mode=mode, id=run_id, resume="allow", reinit="finish_previous",
-                      tags=run_tags(config) if tags is None else tags, settings=settings)
+                      tags=run_tags(config) if tags is None else tags, settings=wandb.Settings(**settings))
 
 
 def add_arguments(parser, job: str) -> None:
@@ -105,14 +109,23 @@ def table(df):
 
 def finish(run, summary: dict | None = None) -> None:
     """Close the run; first put `summary` (the keys that matter, with their last values) in its W&B
-    summary and print it, one key a line."""
+    summary and print it, one key a line. An offline run's last line says how to upload it."""
     if run is None:
         return
     if summary:
         run.summary.update(summary)
         width = max(map(len, summary))
         print("W&B run summary:\n" + "\n".join(f"  {k:<{width}}  {_short(v)}" for k, v in summary.items()), flush=True)
+    offline, folder = run.settings.mode == "offline", Path(run.settings.sync_dir)
     run.finish()
+    if offline:
+        print(sync_hint(folder), flush=True)
+
+
+def sync_hint(folder: Path) -> str:
+    """The line that ends an offline run's log: where the run is, and the command that uploads it."""
+    return (f"W&B: offline run {folder.name} in {folder.parent}; upload it with `bfspo sync {folder.parent.parent}`, "
+            "or every run of the results folder with `bfspo sync results`")
 
 
 def _short(value) -> str:

@@ -86,8 +86,8 @@ def test_pyprojects_pins_resolve_within_each_lock(kind, tmp_path):
 
 
 # The CUDA build of torch that vllm==0.32.0 pins (torch==2.13.0): its wheels on PyPI are built for
-# CUDA 13.0 (they require cuda-toolkit 13.0), which needs an NVIDIA driver >= 580 (README, "The GPU
-# plan"). A local version (torch 2.13.0+cpu) is a CPU build: these checks never strip it.
+# CUDA 13.0 (they require cuda-toolkit 13.0), which needs an NVIDIA driver >= 580 (docs/gpu-plan.md).
+# A local version (torch 2.13.0+cpu) is a CPU build: these checks never strip it.
 TORCH_CUDA = "13.0"
 
 

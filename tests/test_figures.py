@@ -10,7 +10,9 @@ import pytest
 from bfspo.cli import main
 from bfspo.errors import BfspoError
 from bfspo.reporting.figures import _seed_curves, backtracking_depths, pareto_front
-from bfspo.reporting.style import EMA_ALPHA, PALETTE, ZERO_SHOT_COLOUR, method_colour
+from bfspo.reporting import figures
+from bfspo.reporting.style import (EMA_ALPHA, MAX_LUMINANCE, PALETTE, ZERO_SHOT_COLOUR, colour_distance,
+                                   distinct_colours, luminance, method_colour, method_colours)
 
 SPEC = {
     "name": "abl",
@@ -110,9 +112,64 @@ def test_each_method_key_has_one_colour_in_every_config():
     assert keys <= set(METHOD_COLOURS) and len(set(METHOD_COLOURS.values())) == len(METHOD_COLOURS)
     assert method_colour({"key": "dapo"}) == "#1f77b4" and method_colour({"key": "bfspo"}) == "#d62728"
     assert method_colour({"key": "dapo", "color": "tab:red"}) == "#d62728"
-    other = method_colour({"key": "my-variant"})
-    assert other == method_colour({"key": "my-variant"}) in PALETTE and other not in METHOD_COLOURS.values()
+    assert method_colour({"key": "my-variant"}) is None  # its table picks it (method_colours)
     assert method_colour({"key": "zero-shot"}) == ZERO_SHOT_COLOUR
+
+
+def test_new_methods_get_colours_distinct_from_every_other_in_their_table():
+    """Issue 33: a K = 4 row drew in lavender beside "w/o BFS"'s purple (a hash into tab20's light
+    shades). Each new key now takes the pool colour farthest from those its table uses, and keeps it."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    toy = yaml.safe_load((root / "config/config.yaml").read_text())
+    keys = ["zero-shot", *toy["tables"]["toy-ablation"]["methods"], "bfspo-k4", "bfspo-k5", "leaf-adv", "bfspo-g16"]
+    colours = method_colours([{"key": k} for k in keys])
+    assert len(set(colours.values())) == len(keys)
+    shipped = [c for k, c in colours.items() if method_colour({"key": k})]
+    closest_shipped = min(colour_distance(a, b) for i, a in enumerate(shipped) for b in shipped[i + 1:])
+    for new in ("bfspo-k4", "bfspo-k5", "leaf-adv", "bfspo-g16"):
+        assert colours[new] in PALETTE
+        assert min(colour_distance(colours[new], c) for k, c in colours.items() if k != new) >= 0.8 * closest_shipped
+        assert luminance(colours[new]) <= MAX_LUMINANCE  # no pale shade such as the lavender "#c5b0d5"
+    assert method_colours([{"key": k} for k in keys]) == colours  # the same table, the same colours
+    assert method_colours([{"key": "bfspo-k4", "color": "black"}])["bfspo-k4"] == "#000000"  # a config's colour wins
+
+
+def test_contrasts_of_one_method_get_distinct_colours():
+    """Issue 33: the breakdown's paired figure drew two contrasts of BFS-PO in the same red."""
+    red = method_colour({"key": "bfspo"})
+    colours = distinct_colours([method_colour({"key": "dapo"}), red, red, method_colour({"key": "bfspo-first"})])
+    assert colours[:2] == ["#1f77b4", red] and colours[3] == method_colour({"key": "bfspo-first"})
+    assert len(set(colours)) == 4 and min(colour_distance(colours[2], c) for c in colours[:2] + colours[3:]) > 100
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """Every figure `bfspo figures` saves, by stem: its axes' y labels, line data and colours."""
+    seen = {}
+    save = figures._save
+
+    def record(fig, out_dir, stem):
+        seen[stem] = [(ax.get_ylabel(), [(line.get_ydata(), line.get_color()) for line in ax.get_lines()])
+                      for ax in fig.axes]
+        return save(fig, out_dir, stem)
+
+    monkeypatch.setattr(figures, "_save", record)
+    return seen
+
+
+def test_learning_curves_plot_accuracy_in_percent(tmp_path, drawn):
+    """Issue 33: the curves plotted accuracy as a fraction (0-0.12) beside the tables' percent."""
+    runs_dir = tmp_path / "runs"
+    for run in ("m_ts_dapo_s0", "m_ts_bfspo_s0", "m_ts_bfspo_s1"):
+        write_run(runs_dir, run, 3, [])
+    assert main(["figures", "--spec", json.dumps(SPEC), "--summaries", *summaries(tmp_path), "--runs-dir",
+                 str(runs_dir), "--out-dir", str(tmp_path / "fig")]) == 0
+    (acc,) = [lines for label, lines in drawn["curves_m_ts"] if "accuracy" in label]
+    assert [label for label, _ in drawn["curves_m_ts"] if "accuracy" in label] == ["accuracy of the first samples (%)"]
+    values = [v for ydata, _ in acc for v in ydata]
+    assert 50.0 < min(values) and max(values) < 54.0  # 0.51-0.53 in metrics.jsonl
 
 
 def test_curves_are_ema_smoothed_per_seed():
@@ -134,3 +191,9 @@ def test_pareto_points_carry_the_tables_95_percent_interval():
 
     assert interval_err(Stat(60.0, float("nan"), 1, 56.0, 65.0)) == [[4.0], [5.0]]
     assert interval_err(Stat(60.0)) is None
+
+
+def test_the_paired_step_time_axis_says_which_way_the_ratio_goes():
+    """Issue 33: the axis read "ratio of median step times (x; > 1: faster)"."""
+    label = figures.PAIRED_UNITS["step"]
+    assert "(x;" not in label and "baseline's median step time / the arm's" in label and "the arm is faster" in label

@@ -183,5 +183,26 @@ def test_exponent_numbers_are_numbers(tmp_path):
 def test_an_invalid_file_is_refused_naming_the_key(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text((ROOT / "config/config.yaml").read_text() + "\nlearning_rate: 1\n")
-    with pytest.raises(ConfigError, match="'learning_rate' was unexpected"):
+    with pytest.raises(ConfigError, match="config: unknown key 'learning_rate'"):
         load_config(path)
+
+
+def test_the_closing_message_names_the_tables_figures_and_sync_command(tmp_path, monkeypatch):
+    """Issue 33: `make toy` ended with Snakemake's "Elapsed time", pointing nowhere."""
+    cfg = config("config.yaml")
+    monkeypatch.chdir(tmp_path)
+    m = Matrix(cfg)
+    assert m.closing_message("offline").splitlines() == [
+        "The workflow finished.",
+        "W&B runs are offline under results/: `bfspo sync results` uploads them (`bfspo sync results --list` lists them)."]
+    (tmp_path / "results" / "tables").mkdir(parents=True)
+    for table in cfg["tables"]:
+        (tmp_path / "results" / "tables" / f"{table}.md").write_text("")
+    lines = m.closing_message("offline").splitlines()
+    assert lines[1] == "Tables (.md, .csv and .tex in results/tables/) and figures:"
+    assert [line.split() for line in lines[2:-1]] == [
+        [t, f"results/tables/{t}.md", f"results/figures/{t}/"] for t in cfg["tables"]]
+    assert "W&B" not in m.closing_message("disabled")
+    assert "logged live" in m.closing_message("online")
+    rehearsal = Matrix(config("paper.yaml") | {"stand_ins": {"dir": "x"}, "train": {"limit": 8}})
+    assert "`bfspo sync results --rehearsal` uploads" in rehearsal.closing_message("offline")

@@ -92,6 +92,48 @@ def test_mmlu_refuses_a_list_of_choices(response):
     assert not is_correct("mmlu_stem", response, "D")
 
 
+# Issue 33: answer statements in the forms instruction-tuned models write (Qwen2.5-, Llama-3.1- and
+# SmolLM2-style closings of MMLU-STEM answers), beyond "the answer is (X)" and "Answer: X".
+@pytest.mark.parametrize(
+    "response, letter",
+    [
+        ("The molar mass of water is 18 g/mol, so the correct choice is C.", "C"),
+        ("Comparing the four values, the correct option is (B).", "B"),
+        ("Let's evaluate each option.\n\nThe correct answer is: D", "D"),
+        ("Answer: (A)", "A"),
+        ("After checking each statement, option B is correct.", "B"),
+        ("Only the third statement holds, so (C) is the correct answer.", "C"),
+        ("Therefore, the answer would be **D**.", "D"),
+        ("So the answer is option C: 7.", "C"),
+        ("The correct answer is **B) 6**.", "B"),
+        ("Options A and D contradict the data. Therefore, choice (B) is the right choice.", "B"),
+        ("**Final answer:** The correct option is A.", "A"),
+        ("Option A is correct only when the gas is ideal; here the correct answer is C.", "C"),
+        ("At first glance option A is correct. On reflection, the correct option is (D).", "D"),
+    ],
+)
+def test_mmlu_reads_the_statement_forms_of_instruction_tuned_models(response, letter):
+    assert extract_answer("mmlu_stem", response) == letter
+    assert is_correct("mmlu_stem", response, letter)
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "The options are A. 4 B. 6 C. 7 D. 9",  # a list on one line, no statement
+        "The correct answer is one of A. 4 B. 6 C. 7",  # a statement followed by the list
+        "The answer is A. 4 B. 6 C. 7 D. 9",  # ... which used to read as "A"
+        "The correct choice is:\nA. 4\nB. 6\nC. 7\nD. 9",
+        "The best option is to compare the energies first.",  # "option is" with no letter after it
+        "Option A is incorrect and option B is not correct.",
+        "I am not sure which option is right.",
+        "The correct option is A, B or D.",
+    ],
+)
+def test_mmlu_statement_forms_do_not_read_a_list_or_a_rejection_as_an_answer(response):
+    assert extract_answer("mmlu_stem", response) is None
+
+
 def test_last_boxed_handles_unbalanced_and_missing_boxes():
     assert last_boxed("\\boxed{\\frac{1}{2}") is None
     assert last_boxed("no box here") is None

@@ -53,9 +53,41 @@ def test_sync_lists_training_evaluation_and_report_runs(tmp_path, offline, capsy
     assert sorted((r.run_id, len(r.fragments)) for r in runs) == sorted(zip(ids, [2, 1, 1]))
     assert [tracking.folder_run_id(p) for p in runs[[r.run_id for r in runs].index(ids[0])].fragments] == \
         [ids[0], ids[0]]
+    capsys.readouterr()
     assert cli.main(["sync", str(results), "--dry-run"]) == 0
-    listed = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
-    assert sorted(p for p, _ in listed) == sorted(map(str, found)) and {p for _, p in listed} == {"bfspo-test"}
+    header, *listed = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert header == ["name", "project", "group", "fragments", "tags", "folder"]
+    # issue 33: each run once (the resumed one was two lines), with its name, group, tags and fragments
+    assert sorted((name, fragments, folder) for name, _, _, fragments, _, folder in listed) == sorted(
+        [(d.name, "2" if d == dirs[0] else "1", str(d / "wandb")) for d in dirs])
+    assert {(project, group, tags) for _, project, group, _, tags, _ in listed} == {("bfspo-test", "g", "-")}
+
+
+def test_sync_lists_the_workflows_tags(tmp_path, offline, capsys):
+    run_dir = tmp_path / "results" / "runs" / "toy_toy_dapo_s0"
+    wb = tracking.start(run_dir, {"tables": ["toy-ablation"], "method_key": "dapo", "model_label": "toy", "seed": 0},
+                        project="bfspo", group="toy-ablation", job_type="train", name=run_dir.name)
+    tracking.finish(wb)
+    capsys.readouterr()
+    assert cli.main(["sync", str(tmp_path / "results"), "--list"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()[1:]
+    assert line.split("\t")[:5] == ["toy_toy_dapo_s0", "bfspo", "toy-ablation", "1",
+                                    "table:toy-ablation,method:dapo,model:toy,seed:0"]
+
+
+def test_an_offline_runs_log_ends_pointing_at_bfspo_sync(tmp_path, monkeypatch, capfd):
+    """Issue 33: a train log ended with wandb's own advice, `wandb sync <one fragment>`."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
+    run_dir = tmp_path / "runs" / "r"
+    wb = tracking.start(run_dir, {}, project="p", group="g", job_type="train", name="r", footer=False)
+    tracking.log(wb, {"x": 1.0}, step=1)
+    tracking.finish(wb, {"x": 1.0})
+    out = capfd.readouterr()
+    text = out.out + out.err
+    assert "wandb sync" not in text and "sync this run" not in text
+    assert out.out.strip().splitlines()[-1].startswith("W&B: offline run offline-run-")
+    assert f"upload it with `bfspo sync {run_dir}`" in out.out
 
 
 def test_sync_leaves_out_a_run_set_aside_when_its_inputs_changed(tmp_path, offline):

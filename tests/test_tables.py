@@ -255,3 +255,19 @@ def test_a_table_refuses_an_evaluation_of_another_base_model_or_adapter(tmp_path
         assert "Evaluate the run again" in err
     evaluated(None)  # an evaluation from before fingerprints cannot show it scored that run's model
     assert main(args) == 2 and "model and tokenizer and adapter fingerprint(s) differ" in capsys.readouterr().err
+
+
+def test_the_footnote_names_the_forms_the_cells_use(tmp_path, runs):
+    """Issue 33: with one seed a cell is `6.2 [0.0, 18.8]`, a 95% interval over the questions, but the
+    footnote said "mean ± std over seeds"; it now names the forms the table's cells of ours use."""
+    interval = {"accuracy_ci": [0.0, 18.8], "avg_length_ci": [150.0, 171.0]}
+    one_seed = [r for r in runs if "_s1" not in r]
+    for path in one_seed:
+        Path(path).write_text(json.dumps(json.loads(Path(path).read_text()) | interval))
+    build(tmp_path, SPEC, one_seed)
+    md = (tmp_path / "out" / "abl.md").read_text()
+    assert "[0.0, 18.8]" in md and "a [l, h]: one seed, its 95% interval over the questions" in md
+    assert "over seeds" not in md
+    build(tmp_path, SPEC, runs)  # DAPO over two seeds beside one-seed cells with intervals
+    md = (tmp_path / "out" / "abl.md").read_text()
+    assert "a ± s: mean ± std over seeds" in md and "one seed, its 95% interval over the questions" in md

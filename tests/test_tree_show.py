@@ -1,6 +1,8 @@
 """`bfspo tree show`: logged trees rendered as text, backtracking tokens marked [[...]] as in Fig. 5;
 `bfspo tree stats`: where their training signal goes."""
 
+import re
+
 import pytest
 
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards
@@ -224,3 +226,24 @@ def test_tree_text_keeps_characters_split_over_byte_tokens(tiny_model_dir, tmp_p
         assert main(["tree", "show", str(path), *args]) == 0
         out = capsys.readouterr().out
         assert "÷ 4 ≈ 0.75" in out and "\ufffd" not in out
+
+
+def test_stats_print_a_legend_of_every_key_also_in_help(tmp_path, capsys):
+    """Issue 33: `tree stats` printed bare keys, and its --help listed only `paths`."""
+    from bfspo.reporting.tree_stats import KINDS, MEANINGS
+
+    t, _ = logged_tree()
+    stats = tree_stats(records(t.to_dict(decode)))
+    generic = {k if k in MEANINGS else re.sub(f"_({'|'.join(KINDS)}|all)$", "_KIND", k) for k in stats}
+    assert generic == set(MEANINGS)
+    run = tmp_path / "run"
+    write_jsonl(run / "trees" / "step_00001.jsonl", [t.to_dict(decode)])
+    assert main(["tree", "stats", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("legend (KIND: mixed, all_correct, all_wrong, all):") == 1
+    assert "  best_branch_negative_KIND: share of those best branches with a negative Eq. 9 advantage" in out
+    assert "  KIND all_wrong: every first sample wrong" in out
+    with pytest.raises(SystemExit):
+        main(["tree", "stats", "--help"])
+    help_text = capsys.readouterr().out
+    assert all(f"  {key}: " in help_text for key in MEANINGS)

@@ -22,13 +22,14 @@ import yaml
 
 from bfspo.algorithm.advantages import keep_tree
 from bfspo.algorithm.tree import SearchTree
+from bfspo.errors import BfspoError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def snakemake(*args: str, cwd: Path = ROOT, timeout: int = 120) -> subprocess.CompletedProcess:
+def snakemake(*args: str, cwd: Path = ROOT, timeout: int = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def dry_run(*args: str) -> str:
@@ -87,9 +88,9 @@ def test_lint_is_clean(configfile):
 @pytest.mark.parametrize(
     "edit, named",
     [
-        (lambda c: c.update(learning_rate=1e-3), "'learning_rate' was unexpected"),
-        (lambda c: c["models"]["toy"].update(pth="x"), "'pth' was unexpected"),
-        (lambda c: c["train"].update(model="other"), "'model' was unexpected"),
+        (lambda c: c.update(learning_rate=1e-3), "config: unknown key 'learning_rate'"),
+        (lambda c: c["models"]["toy"].update(pth="x"), "models.toy: unknown key 'pth'; did you mean 'path'?"),
+        (lambda c: c["train"].update(model="other"), "train: unknown key 'model'"),
         (lambda c: c["methods"]["bfspo"].update(selection="greedy"), "'greedy'"),
         (lambda c: c["wandb"].update(mode="sometimes"), "'sometimes'"),
         (lambda c: c.update(seeds=[]), "seeds"),
@@ -108,6 +109,24 @@ def test_invalid_config_stops_naming_the_problem(tmp_path, edit, named):
     proc = snakemake("-n", "--nolock", "--configfile", str(write_config(tmp_path, "config/config.yaml", edit)))
     assert proc.returncode != 0
     assert named in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda c: c.update(seed=c.pop("seeds")), "config: unknown key 'seed'; did you mean 'seeds'?"),
+    (lambda c: c["train"].update(group_sise=4), "train: unknown key 'group_sise'; did you mean 'group_size'?"),
+], ids=["seed", "group_sise"])
+def test_a_schema_error_is_a_few_lines_with_a_suggestion(tmp_path, edit, named):
+    """Issue 33: a misspelt key printed 959 (`seed`) and 129 (`group_sise`) lines, the whole schema and
+    config after the one useful line; now the violation, its path and the closest key, and
+    jsonschema's full report only with BFSPO_VERBOSE=1."""
+    path = write_config(tmp_path, "config/config.yaml", edit)
+    proc = snakemake("-n", "--nolock", "--configfile", str(path))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and named in out and "BFSPO_VERBOSE=1" in out
+    assert len(out.splitlines()) <= 8, out
+    proc = snakemake("-n", "--nolock", "--configfile", str(path), env={"BFSPO_VERBOSE": "1"})
+    verbose = proc.stdout + proc.stderr
+    assert named in verbose and "jsonschema's report" in verbose and len(verbose.splitlines()) > 50
 
 
 def test_the_schemas_benchmarks_are_bfspos_registry():
@@ -273,6 +292,78 @@ def test_an_ablation_is_a_few_config_lines(tmp_path):
     assert "--set k=5" in out and f"--output-dir {tmp_path}/results/runs/toy_toy_bfspo-k5_s0" in out
 
 
+# Step 1 of docs/workflow.md's advantage recipe, as a user writes it: one function, one table entry.
+LEAF_ADVANTAGE = """
+import math
+
+from bfspo.algorithm.advantages import ADVANTAGES, AdvantageKind
+
+
+def leaf_advantages(tree, eps):
+    \"\"\"Each chain's leaf reward minus the mean leaf reward of its tree, unscaled.\"\"\"
+    leaves = tree.leaves()
+    mean = math.fsum(tree.segments[i].leaf.reward for i in leaves) / len(leaves)
+    for i in leaves:
+        tree.segments[i].leaf.advantage = tree.segments[i].leaf.reward - mean
+
+
+ADVANTAGES["leaf"] = AdvantageKind(leaf_advantages, per_chain=True)
+"""
+
+
+def test_an_advantage_variant_is_one_table_entry_and_a_few_config_lines(tmp_path, tiny_model_dir, train_data):
+    """docs/workflow.md's advantage recipe (issue 33): without the table entry the plan refuses the name
+    (it used to run as `global`); with it, the docs' config lines plan the run and `bfspo train` runs
+    the new code."""
+    from bfspo.algorithm import advantages
+    from bfspo.pipeline import jobs
+    from bfspo.pipeline.matrix import Matrix, load_config
+    from bfspo.preflight import plan_problems
+
+    recipe = (ROOT / "docs/workflow.md").read_text().split("**A new advantage variant.**")[1]
+    lines = yaml.safe_load(re.search(r"```yaml\n(.*?)```", recipe, re.S).group(1))
+
+    def add(cfg):
+        assert lines["tables"]["toy-ablation"]["methods"] == [
+            *cfg["tables"]["toy-ablation"]["methods"][:-1], "leaf-adv", "no-overlong"]
+        cfg["methods"].update(lines["methods"])
+        cfg["tables"]["toy-ablation"]["methods"] = lines["tables"]["toy-ablation"]["methods"]
+
+    m = Matrix(load_config(write_config(tmp_path, "config/config.yaml", add)))
+    run = "toy_toy_leaf-adv_s0"
+    settings = jobs.train_settings(m, run)
+    assert "--set" in jobs.train_args(m, run) and "advantage=leaf" in jobs.train_args(m, run)
+    (problem,) = plan_problems({run: settings}, [])
+    assert "advantage must be one of ('branch', 'global'), got 'leaf'" in problem and run in problem
+    with pytest.raises(BfspoError, match="unknown advantage 'leaf'"):
+        advantages.assign_advantages(SearchTree(prompt_ids=[1], budget=8), "leaf")
+
+    namespace = {}
+    exec(LEAF_ADVANTAGE, namespace)
+    try:
+        assert plan_problems({run: settings}, []) == []
+    finally:
+        advantages.ADVANTAGES.pop("leaf")
+
+    script = tmp_path / "train_with_leaf.py"
+    script.write_text(LEAF_ADVANTAGE + "\nimport sys\nfrom bfspo.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    out = tmp_path / "run"
+    values = dict(model=tiny_model_dir, train_data=train_data, benchmark="gsm8k_train", k=1, group_size=4, budget=24,
+                  steps=1, train_batch=8, mini_batch=8, max_empty_steps=50, threads=1, log_trees=2, advantage="leaf")
+    proc = subprocess.run([sys.executable, str(script), "train", "--output-dir", str(out),
+                           "--set", *[f"{k}={v}" for k, v in values.items()]],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trees = [SearchTree.from_dict(json.loads(line)) for line in (out / "trees/step_00001.jsonl").read_text().splitlines()]
+    assert trees and all(t.advantage_kind == "leaf" for t in trees)
+    for t in trees:
+        rewards = [t.segments[i].leaf.reward for i in t.leaves()]
+        assert [t.segments[i].leaf.advantage for i in t.leaves()] == pytest.approx(
+            [r - sum(rewards) / len(rewards) for r in rewards])
+    assert json.loads((out / "done.json").read_text())["method"] == "leaf"
+
+
 def test_dapos_overlong_window_is_a_method_setting(tmp_path):
     def add(cfg):
         cfg["methods"]["bfspo-dapo-window"] = {"label": "BFS-PO", "paper": "bfspo", "k": 3,
@@ -341,8 +432,12 @@ def check_offline_wandb_runs(results: Path, env: dict) -> None:
     listed = subprocess.run([sys.executable, "-m", "bfspo.cli", "sync", str(results), "--list"], env=env,
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
-    found = [Path(line.split("\t")[0]) for line in listed.stdout.splitlines()]
-    assert found == offline_runs(results) and {line.split("\t")[1] for line in listed.stdout.splitlines()} == {"bfspo"}
+    header, *rows = [line.split("\t") for line in listed.stdout.splitlines()]
+    found = offline_runs(results)
+    # one line a run (name, project, group, fragments, tags, its wandb/ folder); none was resumed here
+    assert header == ["name", "project", "group", "fragments", "tags", "folder"] and {r[1] for r in rows} == {"bfspo"}
+    assert sorted(Path(r[5]) for r in rows) == sorted(p.parent for p in found) and {r[3] for r in rows} == {"1"}
+    assert all("table:toy-test-ablation" in r[4].split(",") for r in rows if r[0] != "sft-toy-test")
     trained = sorted(p.name for p in (results / "runs").iterdir())
     evaluated = sorted(f"{r.name}/{b.name}" for r in (results / "eval").iterdir() for b in r.iterdir())
     assert sorted(p.parents[1].name for p in found if p.parents[2].name == "runs") == trained
@@ -470,6 +565,10 @@ def test_test_config_runs_end_to_end(tmp_path):
     run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config/test.yaml"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    # issue 33: the closing message (the Snakefile's onsuccess) names the table, its figures and `bfspo sync`
+    closing = run.stdout[run.stdout.index("The workflow finished."):]
+    assert "  toy-test-ablation  results/tables/toy-test-ablation.md   results/figures/toy-test-ablation/" in closing
+    assert "`bfspo sync results` uploads them" in closing
 
     table = pd.read_csv(tmp_path / "results/tables/toy-test-ablation.csv", dtype={"K": str})
     rows = table.drop_duplicates(["Method", "K"])

@@ -23,14 +23,14 @@ equal (sigma = 0), or the group has a single member, every advantage is exactly 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from bfspo.errors import BfspoError
 from bfspo.algorithm.rewards import sequence_reward
 from bfspo.algorithm.tree import SearchTree
 
 EPS = 1e-6
-KINDS = ("branch", "global")
 # Readings of the dynamic-sampling filter (docs/algorithm.md, "Dynamic sampling"); the first is the default.
 FILTERS = ("all_leaves", "first_samples")
 
@@ -63,29 +63,70 @@ def assign_rewards(tree: SearchTree, overlong: bool = True, window: str = "paper
     tree.root_reward = math.fsum(tops) / len(tops) if tops else None
 
 
-def assign_advantages(tree: SearchTree, kind: str = "branch", eps: float = EPS) -> None:
-    """Eq. 9 ("branch": one advantage per segment) or Eq. 1 over chains ("global": one per leaf).
+def branch_advantages(tree: SearchTree, eps: float = EPS) -> None:
+    """Eq. 9: at every branching node (the root and each segment with children), Eq. 1 on the
+    rewards of its child segments; each segment gets one advantage."""
+    for b in [None] + [s.id for s in tree.segments if s.children]:
+        children = tree.children_of(b)
+        for c, a in zip(children, group_advantages([tree.segments[c].reward for c in children], eps)):
+            tree.segments[c].advantage = a
 
-    Needs `assign_rewards` first. Sets `tree.advantage_kind`, which tells packing which tokens the
-    loss runs over: unique tree tokens (branch) or the flattened chains (global).
+
+def global_advantages(tree: SearchTree, eps: float = EPS) -> None:
+    """The "Global Adv." ablation: Eq. 1 on the leaf rewards of the tree's M chains, one advantage per leaf."""
+    leaves = tree.leaves()
+    for i, a in zip(leaves, group_advantages([tree.segments[i].leaf.reward for i in leaves], eps)):
+        tree.segments[i].leaf.advantage = a
+
+
+@dataclass(frozen=True)
+class AdvantageKind:
+    """One advantage variant: `assign(tree, eps)` sets the advantages in place, and `per_chain` says
+    where they live and what the loss runs over. False: one per segment (`Segment.advantage`), the
+    loss over the tree's unique tokens (Eq. 10); True: one per leaf (`Leaf.advantage`), the loss over
+    the flattened chains, a shared token once per chain holding it (Eq. 2)."""
+
+    assign: Callable[[SearchTree, float], None]
+    per_chain: bool
+
+
+# Every advantage variant, by the name that `TrainConfig.advantage` and the configs' methods use;
+# the first is the default. A new variant is one function and one entry (docs/workflow.md).
+ADVANTAGES: dict[str, AdvantageKind] = {
+    "branch": AdvantageKind(branch_advantages, per_chain=False),
+    "global": AdvantageKind(global_advantages, per_chain=True),
+}
+
+
+def advantage_kind(name: str | None) -> AdvantageKind:
+    """The variant called `name`; an unknown name is an error naming the known ones."""
+    try:
+        return ADVANTAGES[name]
+    except KeyError:
+        raise BfspoError(f"unknown advantage {name!r}; known: {', '.join(ADVANTAGES)}") from None
+
+
+def per_chain(tree: SearchTree) -> bool:
+    """Whether the tree's advantages are one per chain (its loss runs over the flattened chains);
+    False before any are assigned (log-probs alone are computed over the tree's unique tokens)."""
+    return tree.advantage_kind is not None and advantage_kind(tree.advantage_kind).per_chain
+
+
+def assign_advantages(tree: SearchTree, kind: str = "branch", eps: float = EPS) -> None:
+    """The advantages of variant `kind` (ADVANTAGES): Eq. 9 ("branch": one advantage per segment)
+    or Eq. 1 over chains ("global": one per leaf), or a variant added to the table.
+
+    Needs `assign_rewards` first. Clears every advantage, then sets the variant's and
+    `tree.advantage_kind`, which tells packing which tokens the loss runs over (`per_chain`).
     """
-    if kind not in KINDS:
-        raise BfspoError(f"unknown advantage {kind!r}; expected one of {KINDS}")
+    variant = advantage_kind(kind)
     if any(s.reward is None for s in tree.segments):
         raise ValueError("assign_rewards must run before assign_advantages")
     for s in tree.segments:
         s.advantage = None
         if s.leaf is not None:
             s.leaf.advantage = None
-    if kind == "branch":
-        for b in [None] + [s.id for s in tree.segments if s.children]:
-            children = tree.children_of(b)
-            for c, a in zip(children, group_advantages([tree.segments[c].reward for c in children], eps)):
-                tree.segments[c].advantage = a
-    else:
-        leaves = tree.leaves()
-        for i, a in zip(leaves, group_advantages([tree.segments[i].leaf.reward for i in leaves], eps)):
-            tree.segments[i].leaf.advantage = a
+    variant.assign(tree, eps)
     tree.advantage_kind = kind
 
 

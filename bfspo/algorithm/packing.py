@@ -73,6 +73,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from bfspo.errors import BfspoError
+from bfspo.algorithm.advantages import per_chain
 from bfspo.algorithm.tree import SearchTree
 from bfspo.algorithm.attention_options import ATTENTIONS, bucket_lengths, padded_length
 from bfspo.algorithm.tree_attention import NAME as TREE_ATTENTION, default_kernel, tree_attention_mode, tree_kwargs
@@ -171,8 +172,8 @@ def tree_tokens(tree: SearchTree) -> TreeTokens:
 
 
 def n_entries(tree: SearchTree) -> int:
-    """Loss entries of a whole tree: |T| (branch advantage, Eq. 10) or sum_i |o_i| (global, Eq. 2)."""
-    return tree.n_chain_tokens if tree.advantage_kind == "global" else tree.n_tokens
+    """Loss entries of a whole tree: |T| (per-segment advantages, Eq. 10) or sum_i |o_i| (per chain, Eq. 2)."""
+    return tree.n_chain_tokens if per_chain(tree) else tree.n_tokens
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,7 @@ def pack_trees(trees: Sequence[SearchTree], layout: str = "tree", pieces: Sequen
             n = len(sub)
             rows.append((np.concatenate([tt.prompt, tt.ids[sub]]), np.concatenate([np.arange(p), p - 1 + tt.depth[sub]]),
                          np.concatenate([np.full(p, p + n), p + np.searchsorted(sub, tt.end[sub])])))
-            if tree.advantage_kind == "global":
+            if per_chain(tree):
                 paths = np.concatenate([c for _, c in tt.chains])
                 adv = np.repeat([a for a, _ in tt.chains], [len(c) for _, c in tt.chains])
                 keep = (paths >= piece.lo) & (paths < piece.hi)
@@ -281,13 +282,13 @@ def pack_trees(trees: Sequence[SearchTree], layout: str = "tree", pieces: Sequen
             for adv, path in tt.chains:
                 n = len(path)
                 rows.append((np.concatenate([tt.prompt, tt.ids[path]]), np.arange(p + n), np.full(p + n, p + n)))
-                if tree.advantage_kind == "global":
+                if per_chain(tree):
                     own = offset + p + np.arange(n)
                     entries.append((i, path, own, own - 1, np.full(n, adv)))
                 fresh = path[first[path] < 0]
                 first[fresh] = offset
                 offset += p + n
-            if tree.advantage_kind != "global":
+            if not per_chain(tree):
                 tok = np.arange(len(tt.ids))
                 own = first + p + tt.depth - 1
                 entries.append((i, tok, own, own - 1, tt.advantage))

@@ -84,7 +84,7 @@ class SearchTree:
     backtracking: list[dict] = field(default_factory=list)  # one record per expansion
     selected: list[dict] = field(default_factory=list)  # the path selected at each iteration (Eq. 5)
     stopped: dict | None = None  # why expansion ended before K iterations, if it did
-    advantage_kind: str | None = None  # "branch" | "global" once advantages are assigned
+    advantage_kind: str | None = None  # a key of advantages.ADVANTAGES once advantages are assigned
     meta: dict = field(default_factory=dict)  # free-form (question id, step, ...), set by the caller
 
     # --- building -----------------------------------------------------------------------------

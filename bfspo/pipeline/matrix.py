@@ -15,17 +15,17 @@ ConfigError naming every problem.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from pathlib import Path
 
 from bfspo.errors import BfspoError
+from bfspo.pipeline.schema import SCHEMA, SchemaError, validate_config
 
 ZERO_SHOT = "zero-shot"
 TOY_DATA_FILES = ["train", "rl_train", "toy", "toy_ood"]
 PREPARED_SPLITS = ["gsm8k_train", "math_train", "gsm8k", "math500", "mmlu_stem", "aime25", "minerva_math"]
-# The schema of a workflow config, in a source checkout (where the workflow is).
-SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 _EXPONENT_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
@@ -48,10 +48,8 @@ def normalise_numbers(config: dict) -> None:
 
 def load_config(path: str | Path, schema: str | Path = SCHEMA) -> dict:
     """A workflow config file as the workflow reads it: YAML, numbers normalised, validated against
-    the schema with its defaults filled in (Snakemake's `validate`, as workflow/rules/common.smk)."""
+    the schema with its defaults filled in (`validate_config`, as workflow/rules/common.smk)."""
     import yaml
-    from snakemake.exceptions import WorkflowError
-    from snakemake.utils import validate
 
     try:
         config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
@@ -61,8 +59,8 @@ def load_config(path: str | Path, schema: str | Path = SCHEMA) -> dict:
         raise ConfigError(f"{path}: a workflow config is a YAML mapping")
     normalise_numbers(config)
     try:
-        validate(config, str(schema))
-    except WorkflowError as e:
+        validate_config(config, schema)
+    except SchemaError as e:
         raise ConfigError(f"{path}: {e}") from None
     return config
 
@@ -279,6 +277,25 @@ class Matrix:
         if "toy" in self.config:
             outputs.append(f"{self.config['toy']['model_dir']}.sha256")
         return outputs
+
+    def closing_message(self, mode: str | None = None) -> str:
+        """What the workflow prints when it succeeds (the Snakefile's `onsuccess`): each table that
+        exists, its formats and its figures, and the command that uploads the W&B runs (for
+        `mode`, the W&B mode the runs had: WANDB_MODE, else the config's)."""
+        mode = mode or os.environ.get("WANDB_MODE") or self.wandb["mode"]
+        lines = ["The workflow finished."]
+        tables = [t for t in self.config["tables"] if Path(f"{self.results}/tables/{t}.md").is_file()]
+        if tables:
+            width = max(map(len, tables))
+            lines.append(f"Tables (.md, .csv and .tex in {self.results}/tables/) and figures:")
+            lines += [f"  {t:<{width}}  {self.results}/tables/{t}.md   {self.results}/figures/{t}/" for t in tables]
+        rehearsal = " --rehearsal" if "stand_ins" in self.config else ""
+        if mode == "offline":
+            lines.append(f"W&B runs are offline under {self.results}/: `bfspo sync {self.results}{rehearsal}` uploads "
+                         f"them (`bfspo sync {self.results}{rehearsal} --list` lists them).")
+        elif mode == "online":
+            lines.append(f"W&B runs were logged live to the project {self.wandb['project']}.")
+        return "\n".join(lines)
 
     def reported_inputs(self) -> list[str]:
         return [self.config["reported_results"]] if self.config.get("reported_results") else []

@@ -8,7 +8,7 @@
                                    paper's and the reported numbers as hollow markers, and the
                                    Pareto front of ours (no other point is both shorter and at
                                    least as accurate);
-  curves_<model>_<train set>       reward, accuracy and mean length against step, one line per
+  curves_<model>_<train set>       reward, accuracy (%) and mean length against step, one line per
                                    method: the EMA-smoothed mean over seeds (bfspo.reporting.style)
                                    over a faint raw line, with a ± std band over seeds, from each
                                    run's metrics.jsonl;
@@ -21,11 +21,12 @@
                                    minus the first), seed by seed, with the paired table's mean and
                                    95% interval, per column and metric, and the step-time ratio
                                    (bfspo/reporting/paired.py);
-  seed_bands_<model>_<train set>   (the `paired` layout only) first-sample accuracy and length
+  seed_bands_<model>_<train set>   (the `paired` layout only) first-sample accuracy (%) and length
                                    against step, one line per method: each seed's EMA, then the
                                    mean over seeds with its 95% t-interval as a band.
 
-Every method has one colour in every figure (bfspo.reporting.style.method_colour).
+Every method has one colour in every figure of its table, distinct from the others' (bfspo.reporting.style).
+Accuracy is in percent everywhere, as in the tables.
 
 The spec and the summaries are those of `bfspo tables build`; training runs are found as
 <runs-dir>/<meta.run>.
@@ -43,15 +44,18 @@ import pandas as pd
 
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl
-from bfspo.reporting.style import BAND_ALPHA, EMA_ALPHA, ema, method_colour
+from bfspo.reporting.style import BAND_ALPHA, EMA_ALPHA, distinct_colours, ema, method_colours
 from bfspo.reporting.summaries import (ZERO_SHOT, aggregate, check_trained_on, load_reported, load_spec,
                                        load_summaries, score)
 
-CURVES = [("rollout/reward_mean", "reward"), ("rollout/accuracy", "accuracy (first samples)"),
-          ("rollout/len_mean", "mean length (tokens)")]
-# The paired layout's learning curves with seed bands: every generated tree's G first samples
-BAND_CURVES = [("rollout/accuracy", "accuracy of the first samples", (0.0, 1.0)),
-               ("rollout/len_mean", "mean length of the first samples (tokens)", (0.0, None))]
+# The learning curves: metrics.jsonl key, axis label, and the factor to it (accuracy in percent, as in
+# the tables and the Pareto figures)
+CURVES = [("rollout/reward_mean", "reward", 1.0), ("rollout/accuracy", "accuracy of the first samples (%)", 100.0),
+          ("rollout/len_mean", "mean length (tokens)", 1.0)]
+# The paired layout's learning curves with seed bands: every generated tree's G first samples; the
+# band is drawn within the metric's range
+BAND_CURVES = [("rollout/accuracy", "accuracy of the first samples (%)", 100.0, (0.0, 100.0)),
+               ("rollout/len_mean", "mean length of the first samples (tokens)", 1.0, (0.0, None))]
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
@@ -96,8 +100,8 @@ def _method_labels(spec: dict) -> dict[str, str]:
 
 
 def _colours(spec: dict) -> dict[str, str]:
-    """method key -> its colour (zero-shot included)."""
-    return {m["key"]: method_colour(m) for m in [{"key": ZERO_SHOT}, *spec["methods"]]}
+    """method key -> its colour (zero-shot included), the same in every figure of the table."""
+    return method_colours([{"key": ZERO_SHOT}, *spec["methods"]])
 
 
 def _labels_of(spec: dict) -> tuple[dict[str, str], dict[str, str]]:
@@ -173,9 +177,10 @@ def load_metrics(run_dir: Path) -> pd.DataFrame:
     return pd.DataFrame([row for _, row in read_jsonl(path)])
 
 
-def _seed_curves(frames: list[pd.DataFrame], key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(raw, EMA-smoothed) values of `key`: one column per seed, indexed by step."""
-    raw = pd.concat([f.set_index("step")[key].rename(i) for i, f in enumerate(frames) if key in f.columns], axis=1)
+def _seed_curves(frames: list[pd.DataFrame], key: str, scale: float = 1.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(raw, EMA-smoothed) values of `key` times `scale`: one column per seed, indexed by step."""
+    raw = pd.concat([f.set_index("step")[key].rename(i) * scale for i, f in enumerate(frames) if key in f.columns],
+                    axis=1)
     return raw, raw.apply(lambda col: ema(col.dropna()))
 
 
@@ -192,10 +197,10 @@ def curve_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
         for method in [m["key"] for m in spec["methods"]]:
             frames = [load_metrics(d) for d in group[group.method == method].dir]
             frames = [f for f in frames if len(f) and "step" in f.columns]
-            for ax, (key, _) in zip(axes, CURVES):
+            for ax, (key, _, scale) in zip(axes, CURVES):
                 if not any(key in f.columns for f in frames):
                     continue
-                raw, smooth = _seed_curves(frames, key)
+                raw, smooth = _seed_curves(frames, key, scale)
                 colour, mean = colours[method], smooth.mean(axis=1)
                 ax.plot(raw.index, raw.mean(axis=1), color=colour, alpha=0.25, lw=0.8)
                 ax.plot(mean.index, mean, color=colour, lw=1.8, label=f"{labels[method]} ({raw.shape[1]} seed{'s' if raw.shape[1] > 1 else ''})")
@@ -205,7 +210,7 @@ def curve_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Path]:
                     for edge in (mean - sd, mean + sd):
                         ax.plot(mean.index, edge, color=colour, lw=0.6, alpha=0.6, ls=":")
                 drawn = True
-        for ax, (_, name) in zip(axes, CURVES):
+        for ax, (_, name, _) in zip(axes, CURVES):
             ax.set_xlabel("step")
             ax.set_ylabel(name)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -240,10 +245,10 @@ def seed_band_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Pat
         drawn = False
         for method in [m["key"] for m in spec["methods"]]:
             frames = [f for f in (load_metrics(d) for d in group[group.method == method].dir) if len(f) and "step" in f]
-            for ax, (key, _, (low, high)) in zip(axes[0], BAND_CURVES):
+            for ax, (key, _, scale, (low, high)) in zip(axes[0], BAND_CURVES):
                 if not any(key in f.columns for f in frames):
                     continue
-                raw, smooth = _seed_curves(frames, key)
+                raw, smooth = _seed_curves(frames, key, scale)
                 band, colour = seed_band(smooth), colours[method]
                 ax.plot(raw.index, raw.mean(axis=1), color=colour, alpha=0.25, lw=0.8)
                 ax.plot(band.index, band["mean"], color=colour, lw=1.8, label=f"{labels[method]} ({raw.shape[1]} seeds)")
@@ -256,7 +261,7 @@ def seed_band_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Pat
             plt.close(fig)
             print(f"no metrics.jsonl for {model} / {train_set}: no seed-band curves", file=sys.stderr)
             continue
-        for ax, (_, name, _) in zip(axes[0], BAND_CURVES):
+        for ax, (_, name, _, _) in zip(axes[0], BAND_CURVES):
             ax.set_xlabel("training step")
             ax.set_ylabel(name)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -275,8 +280,9 @@ def seed_band_figures(spec: dict, runs: pd.DataFrame, out_dir: Path) -> list[Pat
 def paired_figures(spec: dict, summaries: pd.DataFrame, runs_dir: Path, out_dir: Path) -> list[Path]:
     """The `paired` layout's figure: per panel (column x metric, and the step-time ratio), each
     seed's difference for each contrast (dots) and the paired table's mean with its 95% interval
-    (bar), in the colour of the contrast's method (bfspo/reporting/paired.py); with the table's own
-    `contrasts`, each is also named under its bar (a method may be in several). Each panel's axis
+    (bar), in the colour of the contrast's method, or a colour of its own when an earlier contrast
+    has that method (bfspo.reporting.style.distinct_colours; bfspo/reporting/paired.py); with the
+    table's own `contrasts`, each is also named under its bar (a method may be in several). Each panel's axis
     names its unit; the legend sits below the panels, where it hides no point."""
     from matplotlib.lines import Line2D
 
@@ -284,8 +290,9 @@ def paired_figures(spec: dict, summaries: pd.DataFrame, runs_dir: Path, out_dir:
 
     seeds, _ = per_seed(spec, score(summaries), runs_dir)
     table = paired_table(spec, seeds)
-    colours, labels = _colours(spec), {m["key"]: m["label"] for m in spec["methods"]}
+    methods, labels = _colours(spec), {m["key"]: m["label"] for m in spec["methods"]}
     pairs, named = contrasts(spec), bool(spec.get("contrasts"))
+    colours = distinct_colours([methods[p["method"]] for p in pairs])  # one per contrast
     panels = [(c, m) for c in spec["columns"] for m in METRICS] + [(None, None)]
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.4))
@@ -303,11 +310,11 @@ def paired_figures(spec: dict, summaries: pd.DataFrame, runs_dir: Path, out_dir:
                 row = table[mine & (table.metric == metric[1]) & (table.what == f"{col['label']} ({col.get('domain', '')})")]
                 ax.axhline(0, color="grey", lw=0.8)
             values = values.dropna()
-            ax.scatter([i + 0.15] * len(values), values, s=10, color=colours[pair["method"]], alpha=0.6)
+            ax.scatter([i + 0.15] * len(values), values, s=10, color=colours[i], alpha=0.6)
             if len(row):
                 r = row.iloc[0]
                 ax.errorbar([i], [r["diff"]], yerr=[[r["diff"] - r.ci_low], [r.ci_high - r["diff"]]], fmt="o",
-                            color=colours[pair["method"]], capsize=3)
+                            color=colours[i], capsize=3)
         if named:
             ax.set_xticks(range(len(pairs)), [p["label"].split(":")[0] for p in pairs], fontsize=7, rotation=90)
         else:
@@ -317,8 +324,9 @@ def paired_figures(spec: dict, summaries: pd.DataFrame, runs_dir: Path, out_dir:
         ax.set_ylabel(PAIRED_UNITS["step" if col is None else metric[0]], fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    handles = [Line2D([], [], color=colours[p["method"]], marker="o", lw=1.5,
-                      label=p["label"] if named else f"{labels[p['method']]}: mean, 95% interval") for p in pairs]
+    handles = [Line2D([], [], color=colours[i], marker="o", lw=1.5,
+                      label=p["label"] if named else f"{labels[p['method']]}: mean, 95% interval")
+               for i, p in enumerate(pairs)]
     handles.append(Line2D([], [], color="grey", marker="o", ls="", ms=3, alpha=0.6, label="one seed's difference"))
     if named:  # long labels, one per line, below the figure (the saved figure's box takes them in)
         fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=1, fontsize=7, frameon=False)
@@ -334,7 +342,7 @@ def paired_figures(spec: dict, summaries: pd.DataFrame, runs_dir: Path, out_dir:
 
 # the y axis of each panel of the paired figure
 PAIRED_UNITS = {"acc": "difference (percentage points)", "avg_len": "difference (tokens)", "aes": "difference (AES)",
-                "step": "ratio of median step times (x; > 1: faster)"}
+                "step": "baseline's median step time / the arm's\n(above 1: the arm is faster)"}
 
 
 def backtracking_depths(run_dir: Path) -> tuple[list[float], list[float]]:

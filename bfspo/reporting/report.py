@@ -6,7 +6,7 @@ missing one is empty), so W&B can sort, filter and plot them.
     bfspo report --project P --group G [--mode offline] --tables T.csv ... --figures DIR ...
                  --wandb-dir results/wandb [--wandb-tags TAG ...] --out results/report/G.json
 
-Offline by default (no account; `wandb sync <wandb-dir>/...` uploads later); WANDB_MODE wins, as
+Offline by default (no account; `bfspo sync <wandb-dir>` uploads later); WANDB_MODE wins, as
 for every bfspo run. --out records what was logged, and is written last. Each report is a new W&B
 run with its own id (recorded in --out): a rebuilt table is a new run beside the old one, never a
 fragment appended to the old one's id, so a sync never mixes two versions of a table in one run.

@@ -3,18 +3,21 @@ config, and EMA smoothing.
 
 A method's colour comes from its key (`METHOD_COLOURS`: the keys of the shipped configs, chosen so
 that methods drawn together, e.g. DAPO, BFS-PO and BFS-PO (prompts) of the toy study, differ in
-hue, and their ± std bands stay apart where they overlap). A key of no shipped config gets one of
-the colours no shipped key uses, from a hash of the key, so it keeps that colour everywhere. A
-config may still set a method's `color`, which wins. Zero-shot is always grey.
+hue, and their ± std bands stay apart where they overlap). A config may still set a method's
+`color`, which wins. Zero-shot is always grey. A key of no shipped config takes, from the
+qualitative pool `PALETTE`, the colour farthest (`colour_distance`) from every colour its table
+already uses (`distinct_colours`, in the table's order of methods), so that it is never a shade of
+another method's colour; every figure of the table gives it that colour. The paired figure gives
+each contrast its method's colour, and a contrast whose method an earlier contrast already drew
+the pool colour farthest from the others.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 from matplotlib import colormaps, colors
 
 ZERO_SHOT_COLOUR = "#7f7f7f"
+BACKGROUND = "#ffffff"  # a new colour keeps away from it too: no pale shade
 # method key (config `methods`) -> colour; the same meaning in every config
 METHOD_COLOURS = {
     "dapo": "#1f77b4",  # blue
@@ -30,24 +33,64 @@ METHOD_COLOURS = {
     "dapo-g32": "#393b79",  # navy: a DAPO
     "bfspo-4q": "#7b4173",  # plum
 }
-# the colours left for other keys: tab20's dark shades that no shipped key uses, then its light ones
-PALETTE = [c for c in map(colors.to_hex, colormaps["tab20"].colors[0::2] + colormaps["tab20"].colors[1::2])
-           if c not in METHOD_COLOURS.values() and c != ZERO_SHOT_COLOUR]
+MAX_LUMINANCE = 0.45  # a pool colour darker than this (WCAG relative luminance) shows as a line on white
+
+
+def luminance(colour: str) -> float:
+    """WCAG 2's relative luminance of a colour: 0 black, 1 white."""
+    def linear(x):
+        return x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4
+    r, g, b = map(linear, colors.to_rgb(colour))
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+# the qualitative pool for other keys: the colours of tab20, Dark2, Set1 and tab20b that read as lines
+# on white, but no grey (zero-shot's)
+PALETTE = list(dict.fromkeys(
+    c for name in ("tab20", "Dark2", "Set1", "tab20b") for c in map(colors.to_hex, colormaps[name].colors)
+    if luminance(c) <= MAX_LUMINANCE and len({round(x, 2) for x in colors.to_rgb(c)}) > 1))
 # EMA smoothing of the training curves: pandas ewm(alpha=EMA_ALPHA), as W&B's "exponential moving average"
 EMA_ALPHA = 0.3
 # opacity of a ± std band: low enough that two overlapping bands keep both hues
 BAND_ALPHA = 0.12
 
 
-def method_colour(method: dict) -> str:
-    """The colour of a method of a table spec ({key, color?}); zero-shot is grey."""
+def method_colour(method: dict) -> str | None:
+    """The own colour of a method of a table spec ({key, color?}): its config's `color`, its key's in
+    METHOD_COLOURS, grey for zero-shot; None for any other key (`distinct_colours` picks one)."""
     if method["key"] == "zero-shot":
         return ZERO_SHOT_COLOUR
     if method.get("color"):
         return colors.to_hex(method["color"])
-    if method["key"] in METHOD_COLOURS:
-        return METHOD_COLOURS[method["key"]]
-    return PALETTE[int(hashlib.sha256(method["key"].encode()).hexdigest(), 16) % len(PALETTE)]
+    return METHOD_COLOURS.get(method["key"])
+
+
+def colour_distance(a: str, b: str) -> float:
+    """How far apart two colours look: the "redmean" weighted RGB distance (0 to about 765)."""
+    (r1, g1, b1), (r2, g2, b2) = ([255 * x for x in colors.to_rgb(c)] for c in (a, b))
+    red = (r1 + r2) / 2
+    return ((2 + red / 256) * (r1 - r2) ** 2 + 4 * (g1 - g2) ** 2 + (2 + (255 - red) / 256) * (b1 - b2) ** 2) ** 0.5
+
+
+def distinct_colours(preferred: list[str | None]) -> list[str]:
+    """A colour per item, in order: its preferred colour where no earlier item has taken it (preferred
+    colours are placed first), else the PALETTE colour farthest from every colour taken so far and
+    from the white background (the first of the pool on a tie), so the same list always gives the
+    same colours."""
+    out = [None] * len(preferred)
+    for i, c in enumerate(preferred):
+        if c is not None and c not in out:
+            out[i] = c
+    for i in range(len(out)):
+        if out[i] is None:
+            taken = [BACKGROUND] + [c for c in out if c is not None]
+            out[i] = max(PALETTE, key=lambda c: min((colour_distance(c, t) for t in taken), default=0.0))
+    return out
+
+
+def method_colours(methods: list[dict]) -> dict[str, str]:
+    """method key -> its colour in every figure of a table with these methods (in the table's order)."""
+    return dict(zip([m["key"] for m in methods], distinct_colours([method_colour(m) for m in methods])))
 
 
 def ema(series):

@@ -13,7 +13,7 @@ said so; with it, only they are uploaded, each into its rehearsal project (`<pro
 where the run's own project is not one).
 
     bfspo sync results                         # upload (needs `wandb login` or WANDB_API_KEY)
-    bfspo sync results --list                  # only list the runs and their projects
+    bfspo sync results --list                  # only list the runs: name, project, group, fragments, tags
     bfspo sync results/rehearsal --rehearsal   # the rehearsal's runs, into their own project
 """
 
@@ -34,11 +34,15 @@ from bfspo.tracking import REHEARSAL_SUFFIX, REHEARSAL_TAG
 
 @dataclass
 class Run:
-    """One W&B run of a results folder: its fragments (offline folders), oldest first."""
+    """One W&B run of a results folder: its fragments (offline folders), oldest first, and its name,
+    group and tags (as its first fragment records them)."""
 
     run_id: str
     project: str
     rehearsal: bool
+    name: str = ""
+    group: str = ""
+    tags: list[str] = field(default_factory=list)
     fragments: list[Path] = field(default_factory=list)
 
     @property
@@ -84,14 +88,26 @@ def find_runs(results: Path) -> list[Run]:
         project, run_id = record.get("project", ""), record["run_id"]
         rehearsal = (REHEARSAL_TAG in record.get("tags", []) or project.endswith(REHEARSAL_SUFFIX)
                      or any(root in folder.resolve().parents for root in roots))
-        runs.setdefault((project, run_id), Run(run_id, project, rehearsal)).fragments.append(folder)
+        runs.setdefault((project, run_id), Run(run_id, project, rehearsal, record.get("display_name", ""),
+                                               record.get("run_group", ""), list(record.get("tags", []))),
+                        ).fragments.append(folder)
     return list(runs.values())
+
+
+LIST_COLUMNS = ("name", "project", "group", "fragments", "tags", "folder")
+
+
+def list_line(run: Run) -> str:
+    """A run as `--list` shows it: one tab-separated line of LIST_COLUMNS (folder: its wandb/ folder)."""
+    return "\t".join([run.name or run.run_id, run.target_project, run.group or "-", str(len(run.fragments)),
+                      ",".join(run.tags) or "-", str(run.fragments[0].parent)])
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", type=Path, help="results folder (e.g. results)")
     parser.add_argument("--list", "--dry-run", dest="list", action="store_true",
-                        help="list the offline runs that would be uploaded, and upload nothing")
+                        help="list the runs that would be uploaded, one line each (name, project, group, "
+                             "number of fragments, tags, folder), and upload nothing")
     parser.add_argument("--rehearsal", action="store_true",
                         help="upload the rehearsal's runs (only those), into their own W&B project")
 
@@ -109,8 +125,7 @@ def run(args) -> int:
     if not chosen:
         raise BfspoError(f"{args.results}: no {'rehearsal' if args.rehearsal else 'paper'} runs to upload")
     if args.list:
-        for r in chosen:
-            print("\n".join(f"{p}\t{r.target_project}" for p in r.fragments))
+        print("\n".join(["\t".join(LIST_COLUMNS), *map(list_line, chosen)]))
         return 0
     wandb_cli = shutil.which("wandb")
     if wandb_cli is None:

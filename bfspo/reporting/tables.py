@@ -50,11 +50,9 @@ DESCRIPTORS = {
     "models": ["Model", "Method"],
     "ratios": ["Model", "Method", "Ratio"],
 }
-LEGEND = (
-    "Source: ours = this repository's runs (mean ± std over seeds; AES against our own zero-shot run); "
-    "paper = the paper's printed number for the row above; "
-    "reported = taken by the paper from other work, not run here."
-)
+# What a cell of ours shows, by its form (`fmt`); the legend names the forms the table uses
+CELL_FORMS = {"std": "a ± s: mean ± std over seeds",
+              "interval": "a [l, h]: one seed, its 95% interval over the questions"}
 NONE = "-"
 # the CSV's columns after the descriptors: the source, the method's key, the cell, its numbers, its runs
 NUMERIC_COLUMNS = ["Source", "method_key", "train_set", "benchmark", "metric", "mean", "std", "ci_low", "ci_high",
@@ -83,12 +81,30 @@ def fmt(stat: Stat | None, digits: int = 1) -> str:
     without one; `-` when missing."""
     if stat is None or math.isnan(stat.mean):
         return NONE
-    text = _number(stat.mean, digits)
-    if stat.n > 1 and not math.isnan(stat.std):
+    text, form = _number(stat.mean, digits), cell_form(stat)
+    if form == "std":
         return f"{text} ± {_number(stat.std, digits)}"
-    if not (math.isnan(stat.ci_low) or math.isnan(stat.ci_high)):
+    if form == "interval":
         return f"{text} [{_number(stat.ci_low, digits)}, {_number(stat.ci_high, digits)}]"
     return text
+
+
+def cell_form(stat: Stat | None) -> str | None:
+    """The key of CELL_FORMS that `fmt` writes `stat` in (None: a bare number or a missing cell)."""
+    if stat is None or math.isnan(stat.mean):
+        return None
+    if stat.n > 1 and not math.isnan(stat.std):
+        return "std"
+    return None if math.isnan(stat.ci_low) or math.isnan(stat.ci_high) else "interval"
+
+
+def legend(rows: list[Row]) -> str:
+    """The table's footnote: the sources, and what the cells of ours show in the forms they use."""
+    used = {cell_form(v[m]) for r in rows if r.source.startswith(OURS) for v in r.values if v for m, _, _ in METRICS}
+    forms = "; ".join(text for form, text in CELL_FORMS.items() if form in used)
+    return ("Source: ours = this repository's runs (" + (f"{forms}; " if forms else "")
+            + "AES against our own zero-shot run); paper = the paper's printed number for the row above; "
+            "reported = taken by the paper from other work, not run here.")
 
 
 # ---- the table ---------------------------------------------------------------------------------
@@ -225,7 +241,7 @@ def write_table(spec: dict, rows: list[Row], out_dir: str | Path,
     flat = _flat(df)
     atomic_write_text(paths[0], numeric_table(spec, rows).to_csv(index=False))
     short = "".join(f"\nShort batches: {note}\n" for note in notes)
-    atomic_write_text(paths[1], f"## {spec['title']}\n\n{flat.to_markdown(index=False, disable_numparse=True)}\n\n{LEGEND}\n{short}")
+    atomic_write_text(paths[1], f"## {spec['title']}\n\n{flat.to_markdown(index=False, disable_numparse=True)}\n\n{legend(rows)}\n{short}")
     atomic_write_text(paths[2], to_latex(df, spec))
     return paths
 

@@ -21,7 +21,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     show.add_argument("file", help="JSONL file with one SearchTree.to_dict() per line")
     show.add_argument("--index", type=int, default=None, help="render only the tree on this line (0-based)")
     show.add_argument("--tokenizer", default=None, help="tokenizer (model dir) to decode trees logged without text")
-    stats = sub.add_parser("stats", help="signal statistics of logged trees, one block per run directory or file")
+    from bfspo.reporting.tree_stats import legend
+
+    stats = sub.add_parser("stats", help="signal statistics of logged trees, one block per run directory or file",
+                           description="Signal statistics of logged trees, one block per run directory or file, "
+                                       "then the legend.", epilog=legend(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     stats.add_argument("paths", nargs="+", help="run directories (their trees/step_*.jsonl) or tree files")
 
 
@@ -30,10 +35,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from bfspo.reporting.tree_stats import format_stats, read_trees, tree_files, tree_stats
+    from bfspo.reporting.tree_stats import format_stats, legend, read_trees, tree_files, tree_stats
 
-    for n, path in enumerate(args.paths):
-        print(("\n" if n else "") + format_stats(path, tree_stats(read_trees(tree_files([path])))))
+    for path in args.paths:
+        print(format_stats(path, tree_stats(read_trees(tree_files([path])))) + "\n")
+    print(legend())
     return 0
 
 

@@ -6,34 +6,9 @@ to trees/step_*.jsonl) that dynamic sampling kept for training (`keep_tree` on a
 `filtered` counts the others). A run trained with `filter: first_samples` never expands a tree whose
 first answers fail the filter, so its trees are kept or dropped alike by both readings.
 
-Every kept tree counts, whatever its first group (the G first samples, Alg. 1 line 2) was:
-`trees_mixed` (some right, some wrong: DAPO trains on it too), `trees_all_correct` (DAPO drops it;
-the all-leaves filter keeps it when an expansion answer failed) and `trees_all_wrong` (DAPO drops it;
-kept only when an expansion rescued it, which needs a correct path to expand from, so only
-without BFS selection). `first_all_correct` is the share of the second kind.
-
-- `equal_children`: the share of branching nodes (the root and every w^b) whose children all have
-  the same reward. Then sigma = 0 and every branch of S(b) gets advantage 0 (Eq. 9), however much
-  the lengths of its correct answers differ, unless the overlong term separates them.
-- For each kind KIND of tree (`_mixed`, `_all_correct`, `_all_wrong`) and over all of them (`_all`),
-  about the root branch that leads to the final shortest correct answer, when the search expanded
-  it (the best answer's prefix):
-  - `best_branch_advantage_KIND`: its Eq. 9 advantage. An expanded branch is worth the mean of its
-    sub-tree (Eq. 8), so every failed continuation below it lowers it. With all G first answers
-    correct and +-1 rewards it is -(G - 1) / sqrt(G) (-2.47 at G = 8) as soon as one expansion
-    answer fails, whatever the rest: the siblings tie at 1, the branch is below them.
-  - `best_branch_dapo_advantage_KIND`: what DAPO trains the same first sample with: Eq. 1 in the
-    group of the G first samples when DAPO's constraint keeps that group (mixed), 0 when it drops it
-    (all correct, all wrong).
-  - `best_branch_negative_KIND`: the share of those branches with a negative Eq. 9 advantage.
-  - `other_correct_advantage_KIND`: the Eq. 9 advantage of the correct root chains that were not
-    expanded (worth their own reward).
-- `initial_accuracy`, `expansion_accuracy`: the share of correct leaves among the G first samples
-  and among the leaves sampled by expansions.
-- `shortening`: how many tokens shorter the final best answer is than the shortest correct
-  first sample (trees where both exist).
-- `wb_relative_depth`: where w^b falls on the path it was chosen on (depth / path length);
-  `wb_tokens`: the most frequent backtracking tokens and their shares (trees logged with text).
+Every kept tree counts, whatever its first group (the G first samples, Alg. 1 line 2) was: the
+kinds of tree are `TREE_KINDS`. What each statistic means is `MEANINGS`, which `bfspo tree stats`
+prints as its legend (and in its --help).
 """
 
 from __future__ import annotations
@@ -48,8 +23,59 @@ from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl
 from bfspo.algorithm.tree import SearchTree
 
-# The kinds of kept tree, by their G first samples
-KINDS = ("mixed", "all_correct", "all_wrong")
+# The kinds of kept tree, by their G first samples, and what each means
+TREE_KINDS = {
+    "mixed": "some first samples right, some wrong: DAPO trains on the group too",
+    "all_correct": "every first sample right: DAPO drops the group; the all-leaves filter keeps the tree "
+                   "when an expansion answer failed",
+    "all_wrong": "every first sample wrong: DAPO drops the group; kept only when an expansion rescued it, "
+                 "which needs a correct path to expand from, so only without BFS selection",
+}
+KINDS = tuple(TREE_KINDS)
+
+# What each statistic means: the legend of `bfspo tree stats` and of its --help. KIND is a kind of
+# tree (TREE_KINDS) or `all` (every kept tree).
+MEANINGS = {
+    "trees": "trees kept for training (keep_tree on all leaves)",
+    "filtered": "trees that dynamic sampling dropped (not counted below)",
+    "trees_KIND": "kept trees of each kind of first group (KIND below)",
+    "first_all_correct": "share of kept trees whose G first samples were all correct",
+    "branching_nodes": "branching nodes: the root and every w^b",
+    "equal_children": "share of branching nodes whose children all have the same reward: sigma = 0, so every "
+                      "branch of S(b) gets advantage 0 (Eq. 9), however much the lengths of its correct answers "
+                      "differ, unless the overlong term separates them",
+    "best_branch_advantage_KIND": "Eq. 9 advantage of the root branch that leads to the final shortest correct "
+                                  "answer, when the search expanded it (the best answer's prefix). An expanded "
+                                  "branch is worth the mean of its sub-tree (Eq. 8), so every failed continuation "
+                                  "below it lowers it: with all G first answers correct and +-1 rewards it is "
+                                  "-(G - 1) / sqrt(G) (-2.47 at G = 8) as soon as one expansion answer fails, "
+                                  "whatever the rest (the siblings tie at 1, the branch is below them)",
+    "best_branch_dapo_advantage_KIND": "what DAPO trains the same first sample with: Eq. 1 in the group of the G "
+                                       "first samples when DAPO's constraint keeps that group (mixed), 0 when it "
+                                       "drops it (all correct, all wrong)",
+    "best_branch_negative_KIND": "share of those best branches with a negative Eq. 9 advantage",
+    "other_correct_advantage_KIND": "Eq. 9 advantage of the correct root chains that were not expanded "
+                                    "(worth their own reward)",
+    "initial_accuracy": "share of correct leaves among the G first samples",
+    "expansion_accuracy": "share of correct leaves among the leaves sampled by expansions",
+    "shortening": "tokens by which the final best answer is shorter than the shortest correct first sample "
+                  "(trees where both exist)",
+    "wb_relative_depth": "where w^b falls on the path it was chosen on (depth / path length)",
+    "wb_tokens": "the most frequent backtracking tokens and their shares (trees logged with text)",
+}
+
+
+def legend(width: int = 100) -> str:
+    """MEANINGS and TREE_KINDS as text, one wrapped entry per key."""
+    import textwrap
+
+    def entry(key: str, meaning: str) -> str:
+        return textwrap.fill(meaning, width, initial_indent=f"  {key}: ", subsequent_indent="      ")
+
+    kinds = {**TREE_KINDS, "all": "every kept tree"}
+    return "\n".join(["legend (KIND: " + ", ".join(kinds) + "):"]
+                     + [entry(k, m) for k, m in MEANINGS.items()]
+                     + [entry(f"KIND {k}", m) for k, m in kinds.items()])
 
 
 def first_group_kind(tree: SearchTree) -> str:

@@ -3,7 +3,9 @@
 Extraction follows TokenSkip (which follows the Qwen2.5-Math evaluation): the last \\boxed{} if
 there is one; otherwise the text after the last "(the / final / correct) answer is" /
 "answer:" / "####" / a line starting "A:"; otherwise the last number. An MMLU letter comes only
-from the box or the answer phrase, never from a list of the choices. Math answers are then
+from the box or the last answer statement, in the forms instruction-tuned models write ("the
+correct choice / option is (B)", "the answer would be C", "option D is correct", `_LETTER_ANCHOR`,
+`_LETTER_FIRST`), never from a list of the choices. Math answers are then
 compared with math-verify (gold first). math-verify's own timeout uses SIGALRM, which only works
 in the main thread, so it is switched off and every comparison runs instead in a persistent child
 process that is killed and replaced when it misses its deadline: a pathological answer such as
@@ -53,6 +55,21 @@ _SENTENCE_END = re.compile(r"\.(?:\s|$)")
 _LETTER = re.compile(r"^\(?([A-D])\)?(?![A-Za-z0-9])")
 _MORE_LETTERS = re.compile(r"\s*(?:,|/|\bor\b|\band\b)\s*\(?[A-D]\)?(?![A-Za-z0-9])")  # "A, B", "A or B"
 _CHOICE_LINE = re.compile(r"^[ \t*]*\(?([A-D])(?:\)|[.:])[ \t*]", re.MULTILINE)  # "A. 4", "(B) 6", "**C:** 7"
+_INLINE_CHOICE = re.compile(r"(?:^|\s)\(?([A-D])(?:\)|[.:])\s")  # "A. 4 B. 6 C. 7" on one line
+# MMLU answer statements, the letter after them: _ANCHOR's, and "the correct choice / option is",
+# "the answer would / should / must be", these only where a capital letter (or "option X") follows.
+_LETTER_ANCHOR = re.compile(
+    _ANCHOR.pattern + r"|\b(?:answer|choice|option)\s+(?:is|would\s+be|should\s+be|must\s+be)\b[\s:*]*"
+    r"(?=\(?(?:(?:option|choice)\s+)?\(?(?-i:[A-D])\b)",
+    re.IGNORECASE | re.MULTILINE,
+)
+# ... and the letter before them: "option C is correct", "(B) is the correct answer", "**D** is right."
+_LETTER_FIRST = re.compile(
+    r"(?:\b(?:option|choice)\s+)?(?<![\w*(])\**\(?((?-i:[A-D]))\)?\**\s+is\s+(?:the\s+)?(?:correct|right|best)"
+    r"(?:\s+(?:answer|choice|option))?\s*(?:[.!]|$)",
+    re.IGNORECASE | re.MULTILINE,
+)
+_CHOICE_WORD = re.compile(r"^(?:option|choice|letter)\s+", re.IGNORECASE)  # "option B", "choice (C)"
 
 
 _BRACE_DEPTH = {"{": 1, "}": -1}
@@ -159,19 +176,38 @@ def _lists_choices(text: str) -> bool:
     return len(set(_CHOICE_LINE.findall(text))) >= 2
 
 
+def _stated_letter_text(response: str) -> str | None:
+    """The text of the last answer statement: the rest of its sentence after "the answer is" and the
+    like, or the letter of "option C is correct"; None without one, or when the statement is followed
+    by a list of the choices (on lines of their own, or three or more on its line)."""
+    last = max([*_LETTER_ANCHOR.finditer(response), *_LETTER_FIRST.finditer(response)], key=lambda m: m.start(),
+               default=None)
+    if last is None:
+        return None
+    if last.re is _LETTER_FIRST:
+        return last.group(1)
+    if _lists_choices(response[last.end():]):
+        return None
+    rest = response[last.end():].lstrip(" \t\n:*").split("\n", 1)[0]
+    if len(set(_INLINE_CHOICE.findall(rest))) >= 3:
+        return None
+    end = _SENTENCE_END.search(rest)
+    return rest[: end.start()] if end else rest
+
+
 def _extract_letter(response: str, boxed: str | None) -> str | None:
     """The chosen letter, only from the last box or else the last answer statement ("the answer is
-    (C)", "Answer: C"); never from a letter that merely stands in the text.
+    (C)", "Answer: C", "the correct option is (B)", "option D is correct"); never from a letter that
+    merely stands in the text.
 
     A response that repeats the options ("A. ... D. increase the mortality rate") names every letter
     and chooses none: an answer statement followed by such a list, and a candidate that names
     several letters ("A, B, C or D"), give no letter.
     """
-    anchor = _last_anchor(response)
-    anchored = None if anchor is None or _lists_choices(response[anchor.end():]) else _after_last_anchor(response)
-    for candidate in (boxed, anchored):
+    for candidate in (boxed, _stated_letter_text(response)):
         if candidate is not None:
             text = re.sub(r"\\text(?:bf)?\{([^{}]*)\}", r"\1", _strip_answer(candidate))
+            text = _strip_answer(_CHOICE_WORD.sub("", text))
             m = _LETTER.match(text)
             if m and not _MORE_LETTERS.match(text, m.end()):
                 return m.group(1)

@@ -2,7 +2,7 @@
 
 The toy's bytes are reproducible bit for bit only where the CPU kernels are the same: the same CPU
 type (torch's CPU capability and MKL's code path follow the instruction set), the same torch build
-and the same SFT thread count (README, "Reproducibility"). A hash file therefore says, in its
+and the same SFT thread count (docs/reproducibility.md). A hash file therefore says, in its
 header, what made it, and a mismatch names those of them that differ.
 
 A hash file is `sha256sum`'s format (`sha256sum -c FILE` checks it from the repository root) after
@@ -134,7 +134,7 @@ def compare(record_path: str | Path, info: dict[str, str], hashes: dict[str, str
         else:
             lines.append("  CPU type, torch and SFT threads are those of the record: the code, the data or the "
                          "installed packages differ (or the build is not deterministic: report it).")
-        lines.append("  The tables will differ from results/recorded/ as well (README, Reproducibility).")
+        lines.append("  The tables will differ from results/recorded/ as well (docs/reproducibility.md).")
     else:
         lines.append("  Only data files differ: `bfspo toy data` or the toy config's data keys changed.")
     return False, "\n".join(lines)

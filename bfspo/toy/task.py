@@ -55,7 +55,7 @@ class Difficulty:
     """How hard a problem is: every value in [1, max_value], the start value in [2, 3/4 max_value],
     add/sub operands in [2, max_operand], and in-domain problems of min_steps to max_steps steps
     (the longer out-of-domain problems have the two step counts after max_steps). The default is
-    the toy of the README (values up to 20, operands up to 9, 2-5 steps; 6-7 out of domain)."""
+    the toy of docs/reproducibility.md (values up to 20, operands up to 9, 2-5 steps; 6-7 out of domain)."""
 
     max_value: int = MAX_VALUE
     max_operand: int = ADD_SUB[1]

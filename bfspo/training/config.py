@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from bfspo.algorithm.advantages import FILTERS, KINDS
+from bfspo.algorithm.advantages import ADVANTAGES, FILTERS
 from bfspo.algorithm.attention_options import ATTENTIONS, BUCKET_TOKENS, MAX_BUCKETS
 from bfspo.algorithm.rewards import WINDOWS
 from bfspo.algorithm.search import SELECTIONS
@@ -80,7 +80,8 @@ class TrainConfig:
     selection: str = field(default="bfs", metadata={
         "help": "'bfs': backtrack on the shortest correct path (Eq. 5-6); 'entropy': the w/o-BFS ablation (Eq. 11)."})
     advantage: str = field(default="branch", metadata={
-        "help": "'branch': Eq. 9 branch advantage; 'global': Eq. 1 over all chains of the tree (ablation)."})
+        "help": "A variant of ADVANTAGES (bfspo/algorithm/advantages.py): 'branch', Eq. 9 branch advantage; "
+                "'global', Eq. 1 over all chains of the tree (ablation)."})
     overlong: bool = field(default=True, metadata={
         "help": "Add DAPO's soft overlong punishment (Eq. 3) to the reward; false is the w/o R_l ablation."})
     overlong_window: str = field(default="paper", metadata={
@@ -208,7 +209,7 @@ class TrainConfig:
     wandb_tags: list[str] = field(default_factory=list, metadata={
         "help": "W&B tags added to the workflow's (config `wandb.tags`; the rehearsal's runs carry `rehearsal`)."})
     wandb_mode: str = field(default="offline", metadata={
-        "help": "W&B mode: offline (default, no account; `wandb sync` later), online or disabled. "
+        "help": "W&B mode: offline (default, no account; `bfspo sync` later), online or disabled. "
                 "The WANDB_MODE environment variable wins."})
     run_name: str | None = field(default=None, metadata={"help": "Run name (default: the output directory's name)."})
     method_key: str | None = field(default=None, metadata={
@@ -227,7 +228,7 @@ class TrainConfig:
         modules = self.lora_target_modules
         if not isinstance(modules, list) or not modules or not all(isinstance(m, str) and m for m in modules):
             raise BfspoError(f"config: lora_target_modules must be a non-empty list of module names, got {modules!r}")
-        choices = {"selection": SELECTIONS, "advantage": KINDS, "overlong_window": WINDOWS,
+        choices = {"selection": SELECTIONS, "advantage": tuple(ADVANTAGES), "overlong_window": WINDOWS,
                    "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled"),
                    "batch_unit": ("chains", "prompts"), "filter": FILTERS, "tree_attention": ATTENTIONS,
                    "device": DEVICES}
@@ -302,10 +303,11 @@ class TrainConfig:
 
     @property
     def method(self) -> str:
-        """A readable name of the variant: dapo, bfspo, no_bfs, global, no_overlong (or a combination)."""
+        """A readable name of the variant: dapo, bfspo, no_bfs, an advantage other than branch (global),
+        no_overlong, or a combination."""
         if self.k == 0:
             return "dapo" if self.overlong else "dapo_no_overlong"
-        parts = [p for p, on in (("no_bfs", self.selection == "entropy"), ("global", self.advantage == "global"),
+        parts = [p for p, on in (("no_bfs", self.selection == "entropy"), (self.advantage, self.advantage != "branch"),
                                  ("no_overlong", not self.overlong)) if on]
         return "+".join(parts) or "bfspo"
 

@@ -25,6 +25,7 @@ import math
 
 import numpy as np
 
+from bfspo.algorithm.advantages import per_chain
 from bfspo.errors import BfspoError
 
 # flat statistic -> sectioned key
@@ -128,8 +129,8 @@ def rollout_stats(generated: list, batch: list) -> dict:
 
 
 def token_advantages(tree) -> list[float]:
-    """The advantage of every unique token (branch) or of every chain token (global)."""
-    if tree.advantage_kind == "global":
+    """The advantage of every unique token (per-segment advantages) or of every chain token (per chain)."""
+    if per_chain(tree):
         return [tree.segments[i].leaf.advantage for i in tree.leaves()
                 for s in tree.path(i) for _ in tree.segments[s].token_ids]
     return [s.advantage for s in tree.segments if s.advantage is not None for _ in s.token_ids]

@@ -7,7 +7,6 @@ import os
 import shlex
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 from bfspo.errors import BfspoError
 from bfspo.pipeline import gpu_plan, jobs
@@ -19,12 +18,13 @@ from bfspo.pipeline.matrix import (
     normalise_numbers,
     toy_data_args,
 )
+from bfspo.pipeline.schema import validate_config
 from bfspo.preflight import plan_problems
 from bfspo.reporting.owner import config_id, owner_problems
 
 normalise_numbers(config)
-validate(config, schema="../schemas/config.schema.yaml")
 try:
+    validate_config(config, os.path.join(workflow.current_basedir, "..", "schemas", "config.schema.yaml"))
     MATRIX = Matrix(config)
 except BfspoError as e:
     raise WorkflowError(str(e)) from None
