@@ -31,7 +31,7 @@ class BetaEngine:
         self.accuracy[qid] = float(self.rng.beta(self.a, self.b))
         return [qid]
 
-    def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None):
+    def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None, keys=None):
         budgets = [max_new_tokens] * len(contexts) if isinstance(max_new_tokens, int) else max_new_tokens
         out = []
         for context, budget in zip(contexts, budgets):

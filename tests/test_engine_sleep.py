@@ -163,14 +163,15 @@ def test_sleep_mode_is_asked_of_vllm_on_gpus_only():
 
 
 def test_request_seeds_give_every_sample_its_own_stream():
-    """vLLM seeds sample j of a request seeded s with s + j: with G = 16 samples, the streams of
-    64 requests of 3 consecutive call seeds must not overlap (seed + i did: request i's sample 1 was
-    request i + 1's sample 0)."""
+    """Every sample has its own seed from its place (question, iteration, child): the samples of 64
+    trees of K = 3, G = 16, over 3 consecutive seeds, never share a stream (seed + index did:
+    neighbouring places, and consecutive seeds, got the same streams shifted)."""
     from bfspo.rollout.vllm_engine import request_seed
 
-    streams = [request_seed(seed, i) + j for seed in (7, 8, 9) for i in range(64) for j in range(16)]
-    assert len(set(streams)) == len(streams) and max(streams) < 2**63
-    assert request_seed(7, 3) == request_seed(7, 3)
+    streams = [request_seed(seed + it, q, it, j) for seed in (7, 8, 9) for q in range(64) for it in range(4)
+               for j in range(16)]
+    assert len(set(streams)) == len(streams) and max(streams) < 2**62
+    assert request_seed(7, 3, 1, 2) == request_seed(7, 3, 1, 2)
 
 
 def test_evaluate_builds_vllm_for_the_longest_prompt_plus_the_budget(tiny_model_dir, tmp_path, monkeypatch):

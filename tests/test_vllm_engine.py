@@ -211,6 +211,34 @@ def test_rescored_entropies_are_the_training_models(setup):
     assert gap["gap_count"] == sum(len(c.token_ids) for group in out for c in group) and gap["gap_max"] < 1e-3
 
 
+def test_streamed_trees_equal_the_lockstep_trees_byte_for_byte(setup):
+    """Issue 32: with per-request seeds, one engine loop in which each tree expands as soon as its G
+    samples finish gives the lockstep rollout's trees, byte for byte (each sample is seeded by its
+    place in its tree; each group is rescored alone). Entropy selection expands every tree whatever
+    its answers, and the contexts' lengths differ, so the trees' expansions interleave differently
+    in the two loops. Occupancy is counted over the engine's steps."""
+    from bfspo.algorithm.search import build_trees
+    from bfspo.rollout.rescore import RescoredEngine
+    from bfspo.rollout.streamed import stream_trees
+
+    engine, policy, _, contexts = setup
+    rescored = RescoredEngine(engine, policy, micro_batch_tokens=4096)
+    prompts = [contexts[1], contexts[0], contexts[1][:5]]
+    scorers = [lambda ids: len(ids) % 2 == 0] * len(prompts)
+    search = dict(group_size=3, k=2, budget=10, selection="entropy", seed=11)
+    engine.pop_occupancy()
+    lockstep = build_trees(rescored, prompts, scorers, **search)
+    lock_occ = engine.pop_occupancy()
+    streamed = stream_trees(rescored, prompts, scorers, **search)
+    stream_occ = engine.pop_occupancy()
+    assert sum(len(t.backtracking) for t in lockstep) == 2 * len(prompts)
+    assert [json.dumps(t.to_dict()) for t in streamed] == [json.dumps(t.to_dict()) for t in lockstep]
+    for occ in (lock_occ, stream_occ):
+        assert occ["engine_steps"] > 0 and 0 < occ["occupancy"] <= 1
+    other = stream_trees(rescored, prompts, scorers, **search | {"seed": 12})
+    assert [t.to_dict() for t in other] != [t.to_dict() for t in lockstep]
+
+
 def test_sync_after_an_optimizer_step_changes_the_generations(setup):
     """Runs last in the module: it trains the shared policy."""
     engine, policy, tokenizer, contexts = setup
