@@ -37,6 +37,9 @@ class RecordingEngine:
                 c.finished = True
         return out
 
+    def pop_occupancy(self) -> dict:
+        return self.inner.pop_occupancy()
+
     def sync_weights(self, model) -> None:
         assert not self.asleep, "sync_weights on a sleeping engine"
         self.calls.append("sync_weights")
@@ -73,8 +76,8 @@ def test_the_trainer_sleeps_the_engine_around_each_update_and_syncs_after_waking
         return built[-1]
 
     monkeypatch.setattr(bfspo.rollout, "make_engine", make_engine)
-    cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(train_data), engine="vllm", k=1, group_size=4,
-                      budget=16, steps=2, train_batch=16, mini_batch=8, lr=1e-2, max_num_seqs=384,
+    cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(train_data), engine="vllm", rollout="lockstep", k=1,
+                      group_size=4, budget=16, steps=2, train_batch=16, mini_batch=8, lr=1e-2, max_num_seqs=384,
                       gpu_memory_utilization=0.3, threads=1, wandb_mode="disabled", save_every=10)
     (tmp_path / "run").mkdir()
     trainer = Trainer(cfg, tmp_path / "run")
@@ -102,8 +105,8 @@ def test_an_empty_batch_has_no_update_and_no_sleep(tiny_model_dir, train_data, t
 
     calls = []
     monkeypatch.setattr(bfspo.rollout, "make_engine", lambda name, model, tok, **kw: RecordingEngine(calls, model, tok))
-    cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(train_data), engine="vllm", k=0, group_size=4,
-                      budget=8, steps=1, train_batch=8, mini_batch=8, max_gen_rounds=1, threads=1,
+    cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(train_data), engine="vllm", rollout="lockstep", k=0,
+                      group_size=4, budget=8, steps=1, train_batch=8, mini_batch=8, max_gen_rounds=1, threads=1,
                       wandb_mode="disabled")
     (tmp_path / "run").mkdir()
     trainer = Trainer(cfg, tmp_path / "run")

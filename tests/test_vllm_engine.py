@@ -331,6 +331,7 @@ def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(
     assert ours[0]["rollout/len_mean"] == pytest.approx(ref[0]["rollout/len_mean"], rel=0.15)
     assert ours[0]["rollout/entropy_mean"] == pytest.approx(ref[0]["rollout/entropy_mean"], rel=0.10)
     assert ours[0]["rollout/accuracy"] == pytest.approx(ref[0]["rollout/accuracy"], abs=0.25)
+    assert all(0 < r["rollout/occupancy"] <= 1 and r["rollout/engine_steps"] > 0 for r in ours + ref)
     rescored = [r for r in ours if "rollout/logprob_gap_max" in r]  # the steps with an update
     assert rescored and all(r["rollout/logprob_gap_max"] < 1e-3 and r["timing/rescore_s"] > 0 for r in rescored)
 
