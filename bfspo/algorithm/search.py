@@ -2,8 +2,12 @@
 
 Each question grows its own `SearchTree`. Line 2 samples G answers per question; then each of the
 K iterations selects a path (line 5, Eq. 5), picks its backtracking token (line 6, Eq. 6-7) and
-samples G new continuations from it (line 7). Every round makes ONE engine call for all trees that
-are still expanding, so the sampler sees a large batch. K = 0 is exactly DAPO's group of G.
+samples G new continuations from it (line 7). K = 0 is exactly DAPO's group of G.
+
+The per-tree steps are `plant` (line 2), `next_expansion` (lines 4-6) and `grow` (lines 7-8).
+`build_trees` runs them in lockstep: every round makes ONE engine call for all trees that are
+still expanding, so the sampler sees a large batch; bfspo.rollout.streamed runs the same steps on
+one engine loop, each tree as soon as its samples finish (docs/algorithm.md, "Streamed rollout").
 
 Conventions (docs/algorithm.md):
 
