@@ -5,7 +5,7 @@ Both rollouts grow the same trees (the same toy questions, seed and options; wit
 seeds, the default on CPU, the trees are byte-identical, which the table checks): the lockstep one
 with `build_trees` (K+1 engine calls, each waiting for its longest chain), the streamed one with
 `stream_trees` (one engine loop; each tree expands as soon as its G samples finish). Both rescore
-each group on the training side, as the trainer does. Occupancy is the mean sequences in the engine
+each group on the training side, as the trainer does. Occupancy is the mean sequences vLLM ran
 per engine step over `max_num_seqs` (bfspo.rollout.base.Occupancy); `max_num_seqs` defaults to the
 lockstep call's first batch, questions x G. The order of the two rollouts alternates per repeat,
 after one warm-up rollout of each.

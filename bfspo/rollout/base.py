@@ -26,16 +26,17 @@ class Completion:
 
 @dataclass
 class Occupancy:
-    """How full an engine ran: at each of its decode steps, the sequences it decoded together
-    (at most `capacity`, its most at once: vLLM's max_num_seqs, the transformers engine's batch)."""
+    """How full an engine ran: the sequences it decoded per decode step, over `capacity`, the most
+    it decodes at once (vLLM's max_num_seqs, the transformers engine's batch). A running sequence
+    makes one token per step, so its sequence-steps are its tokens."""
 
     capacity: int
     steps: int = 0
-    running: int = 0
+    running: int = 0  # sequence-steps: the sequences of each step, summed
 
-    def record(self, sequences: int) -> None:
-        self.steps += 1
-        self.running += min(sequences, self.capacity)
+    def record(self, steps: int, sequence_steps: int) -> None:
+        self.steps += steps
+        self.running += sequence_steps
 
     def pop(self) -> dict:
         """Since the last call: `engine_steps` and `occupancy`, the mean sequences per step over

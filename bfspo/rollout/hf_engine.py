@@ -144,7 +144,7 @@ class TransformersEngine:
         finished = [False] * (len(contexts) * n)
         step = 0
         while True:
-            self.occupancy.record(len(seq))
+            self.occupancy.record(1, len(seq))
             logp, entropy = logprobs_and_entropy(logits)
             tokens = sample_next(logp, temperature, top_p, generator)
             token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

