@@ -31,7 +31,7 @@ class BetaEngine:
         self.accuracy[qid] = float(self.rng.beta(self.a, self.b))
         return [qid]
 
-    def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None):
+    def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None, keys=None):
         budgets = [max_new_tokens] * len(contexts) if isinstance(max_new_tokens, int) else max_new_tokens
         out = []
         for context, budget in zip(contexts, budgets):
@@ -176,3 +176,62 @@ def test_batch_stats_and_merge_over_ranks():
     assert b["batch_full"] is False
     assert batching.merge_ranks([a, b]) == {"questions_generated": 14, "questions_kept": 4, "trees": 4, "chains": 40,
                                             "chains_target": 64, "gen_rounds": 10, "batch_full": False}
+
+
+class StreamedFake:
+    """A stand-in for bfspo.rollout.streamed.StreamedSearch: tree i (G leaves) finishes after a set
+    number of engine steps, and is kept or not by a set verdict; the engine holds `capacity` sequences."""
+
+    group_size = 4
+
+    def __init__(self, capacity: int, durations: list[int], kept: list[bool]):
+        self.capacity, self.durations, self.kept = capacity, durations, kept
+        self.trees, self.ends, self.steps, self.peak, self.aborted = [], {}, 0, 0, False
+
+    @property
+    def growing(self) -> int:
+        return len(self.ends)
+
+    def room(self) -> int:
+        return self.capacity - self.group_size * self.growing
+
+    def add(self) -> None:
+        i = len(self.trees)
+        self.trees.append(type("Tree", (), {"i": i, "keep": self.kept[i % len(self.kept)],
+                                            "leaves": lambda self: [0] * StreamedFake.group_size})())
+        self.ends[i] = self.steps + self.durations[i % len(self.durations)]
+        self.peak = max(self.peak, self.group_size * self.growing)
+
+    def step(self) -> list[int]:
+        self.steps += 1
+        done = sorted(i for i, end in self.ends.items() if end <= self.steps)
+        for i in done:
+            del self.ends[i]
+        return done
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.ends.clear()
+
+
+def test_streamed_filling_adds_questions_as_the_engine_has_room_and_keeps_their_order():
+    """Trees finish out of order (later questions are quicker); a question joins whenever the engine
+    has room for its G samples and the missing chains call for it; the batch is full, its trees in
+    the order they were added, and the trees still growing are dropped."""
+    search = StreamedFake(capacity=12, durations=[9, 2, 5, 1], kept=[True, False, True])
+    filled = batching.fill_streamed(search, search.add, lambda t: t.keep, target=16, chains_per_question=4,
+                                    oversample=1.5, max_rounds=4)
+    indices = [t.i for t in filled.kept]
+    assert indices == sorted(indices) and all(t.keep for t in filled.kept)
+    assert sum(len(t.leaves()) for t in batching.select(filled.kept, 16)) == 16
+    assert [t.i for t in filled.generated] == sorted(t.i for t in filled.generated)
+    assert search.peak <= search.capacity and search.aborted and filled.rounds == 1
+    assert len(search.trees) > len(filled.generated)  # some were still growing when the batch filled
+
+
+def test_streamed_filling_stops_after_max_rounds_worth_of_questions():
+    """Nothing is kept: questions are asked until max_rounds lockstep rounds' worth have finished."""
+    search = StreamedFake(capacity=8, durations=[3, 1], kept=[False])
+    filled = batching.fill_streamed(search, search.add, lambda t: t.keep, target=16, chains_per_question=4,
+                                    oversample=2.0, max_rounds=3)
+    assert filled.kept == [] and len(filled.generated) == len(search.trees) == 3 * 8

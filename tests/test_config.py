@@ -97,6 +97,8 @@ def test_overrides_are_yaml_scalars(tmp_path):
      "tree_attention must be one of ('auto', 'flex', 'blockwise', 'dense')"),
     (["model=m", "train_data=d", "device=gpu"], "device must be one of ('auto', 'cuda', 'cpu')"),
     (["model=m", "train_data=d", "attention_bucket=0"], "attention_bucket must be a positive integer"),
+    (["model=m", "train_data=d", "rollout=waves"], "rollout must be one of ('auto', 'lockstep', 'streamed')"),
+    (["model=m", "train_data=d", "rollout=streamed"], "rollout: streamed needs engine: vllm"),
 ])
 def test_bad_config_names_the_problem(overrides, message):
     with pytest.raises(BfspoError, match=re.escape(message)):

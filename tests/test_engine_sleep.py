@@ -37,6 +37,9 @@ class RecordingEngine:
                 c.finished = True
         return out
 
+    def pop_occupancy(self) -> dict:
+        return self.inner.pop_occupancy()
+
     def sync_weights(self, model) -> None:
         assert not self.asleep, "sync_weights on a sleeping engine"
         self.calls.append("sync_weights")
@@ -73,8 +76,8 @@ def test_the_trainer_sleeps_the_engine_around_each_update_and_syncs_after_waking
         return built[-1]
 
     monkeypatch.setattr(bfspo.rollout, "make_engine", make_engine)
-    cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(train_data), engine="vllm", k=1, group_size=4,
-                      budget=16, steps=2, train_batch=16, mini_batch=8, lr=1e-2, max_num_seqs=384,
+    cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(train_data), engine="vllm", rollout="lockstep", k=1,
+                      group_size=4, budget=16, steps=2, train_batch=16, mini_batch=8, lr=1e-2, max_num_seqs=384,
                       gpu_memory_utilization=0.3, threads=1, wandb_mode="disabled", save_every=10)
     (tmp_path / "run").mkdir()
     trainer = Trainer(cfg, tmp_path / "run")
@@ -102,8 +105,8 @@ def test_an_empty_batch_has_no_update_and_no_sleep(tiny_model_dir, train_data, t
 
     calls = []
     monkeypatch.setattr(bfspo.rollout, "make_engine", lambda name, model, tok, **kw: RecordingEngine(calls, model, tok))
-    cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(train_data), engine="vllm", k=0, group_size=4,
-                      budget=8, steps=1, train_batch=8, mini_batch=8, max_gen_rounds=1, threads=1,
+    cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(train_data), engine="vllm", rollout="lockstep", k=0,
+                      group_size=4, budget=8, steps=1, train_batch=8, mini_batch=8, max_gen_rounds=1, threads=1,
                       wandb_mode="disabled")
     (tmp_path / "run").mkdir()
     trainer = Trainer(cfg, tmp_path / "run")
@@ -163,14 +166,15 @@ def test_sleep_mode_is_asked_of_vllm_on_gpus_only():
 
 
 def test_request_seeds_give_every_sample_its_own_stream():
-    """vLLM seeds sample j of a request seeded s with s + j: with G = 16 samples, the streams of
-    64 requests of 3 consecutive call seeds must not overlap (seed + i did: request i's sample 1 was
-    request i + 1's sample 0)."""
+    """Every sample has its own seed from its place (question, iteration, child): the samples of 64
+    trees of K = 3, G = 16, over 3 consecutive seeds, never share a stream (seed + index did:
+    neighbouring places, and consecutive seeds, got the same streams shifted)."""
     from bfspo.rollout.vllm_engine import request_seed
 
-    streams = [request_seed(seed, i) + j for seed in (7, 8, 9) for i in range(64) for j in range(16)]
-    assert len(set(streams)) == len(streams) and max(streams) < 2**63
-    assert request_seed(7, 3) == request_seed(7, 3)
+    streams = [request_seed(seed + it, q, it, j) for seed in (7, 8, 9) for q in range(64) for it in range(4)
+               for j in range(16)]
+    assert len(set(streams)) == len(streams) and max(streams) < 2**62
+    assert request_seed(7, 3, 1, 2) == request_seed(7, 3, 1, 2)
 
 
 def test_evaluate_builds_vllm_for_the_longest_prompt_plus_the_budget(tiny_model_dir, tmp_path, monkeypatch):

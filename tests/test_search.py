@@ -29,7 +29,7 @@ class ScriptedEngine:
         self.script = {tuple(k): v for k, v in script.items()}
         self.calls = []
 
-    def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None):
+    def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None, keys=None):
         self.calls.append({"contexts": [tuple(c) for c in contexts], "n": n, "max_new": max_new_tokens, "seed": seed})
         budgets = [max_new_tokens] * len(contexts) if isinstance(max_new_tokens, int) else max_new_tokens
         out = []

@@ -56,6 +56,8 @@ def test_train_writes_a_complete_run(tiny_model_dir, train_data, tmp_path):
                 "timing/step_s"):
         assert all(key in r for r in rows), key
     assert all(r["rollout/tokens_total"] >= r["rollout/tokens_unique"] for r in rows)
+    # issue 32: the transformers engine's occupancy (sequences per decode step over rollout_batch_size)
+    assert all(0 < r["rollout/occupancy"] <= 1 and r["rollout/engine_steps"] > 0 for r in rows)
     # issue 26: cumulative counts, validation at step 2 only, a plain line per step and no tqdm stream
     assert rows[1]["train/questions_seen"] == rows[0]["train/questions_seen"] + rows[1]["rollout/questions_generated"]
     assert rows[1]["train/tokens_seen"] == rows[0]["train/tokens_seen"] + rows[1]["rollout/tokens_generated"]

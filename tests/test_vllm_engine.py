@@ -211,6 +211,34 @@ def test_rescored_entropies_are_the_training_models(setup):
     assert gap["gap_count"] == sum(len(c.token_ids) for group in out for c in group) and gap["gap_max"] < 1e-3
 
 
+def test_streamed_trees_equal_the_lockstep_trees_byte_for_byte(setup):
+    """Issue 32: with per-request seeds, one engine loop in which each tree expands as soon as its G
+    samples finish gives the lockstep rollout's trees, byte for byte (each sample is seeded by its
+    place in its tree; each group is rescored alone). Entropy selection expands every tree whatever
+    its answers, and the contexts' lengths differ, so the trees' expansions interleave differently
+    in the two loops. Occupancy is counted over the engine's steps."""
+    from bfspo.algorithm.search import build_trees
+    from bfspo.rollout.rescore import RescoredEngine
+    from bfspo.rollout.streamed import stream_trees
+
+    engine, policy, _, contexts = setup
+    rescored = RescoredEngine(engine, policy, micro_batch_tokens=4096)
+    prompts = [contexts[1], contexts[0], contexts[1][:5]]
+    scorers = [lambda ids: len(ids) % 2 == 0] * len(prompts)
+    search = dict(group_size=3, k=2, budget=10, selection="entropy", seed=11)
+    engine.pop_occupancy()
+    lockstep = build_trees(rescored, prompts, scorers, **search)
+    lock_occ = engine.pop_occupancy()
+    streamed = stream_trees(rescored, prompts, scorers, **search)
+    stream_occ = engine.pop_occupancy()
+    assert sum(len(t.backtracking) for t in lockstep) == 2 * len(prompts)
+    assert [json.dumps(t.to_dict()) for t in streamed] == [json.dumps(t.to_dict()) for t in lockstep]
+    for occ in (lock_occ, stream_occ):
+        assert occ["engine_steps"] > 0 and 0 < occ["occupancy"] <= 1
+    other = stream_trees(rescored, prompts, scorers, **search | {"seed": 12})
+    assert [t.to_dict() for t in other] != [t.to_dict() for t in lockstep]
+
+
 def test_sync_after_an_optimizer_step_changes_the_generations(setup):
     """Runs last in the module: it trains the shared policy."""
     engine, policy, tokenizer, contexts = setup
@@ -303,6 +331,7 @@ def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(
     assert ours[0]["rollout/len_mean"] == pytest.approx(ref[0]["rollout/len_mean"], rel=0.15)
     assert ours[0]["rollout/entropy_mean"] == pytest.approx(ref[0]["rollout/entropy_mean"], rel=0.10)
     assert ours[0]["rollout/accuracy"] == pytest.approx(ref[0]["rollout/accuracy"], abs=0.25)
+    assert all(0 < r["rollout/occupancy"] <= 1 and r["rollout/engine_steps"] > 0 for r in ours + ref)
     rescored = [r for r in ours if "rollout/logprob_gap_max" in r]  # the steps with an update
     assert rescored and all(r["rollout/logprob_gap_max"] < 1e-3 and r["timing/rescore_s"] > 0 for r in rescored)
 

@@ -650,6 +650,13 @@ def test_the_schemas_filters_are_the_algorithms():
     assert schema["$defs"]["train"]["properties"]["filter"]["enum"] == list(FILTERS)
 
 
+def test_the_schemas_rollouts_are_the_trainers():
+    from bfspo.rollout.streamed import ROLLOUTS
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    assert schema["$defs"]["train"]["properties"]["rollout"]["enum"] == list(ROLLOUTS)
+
+
 def breakdown_at_ci_size(cfg):
     """The breakdown study at CI size: the test-size toy model, 2 seeds, 2 steps, 16 evaluation
     questions, G = 4 and batches of 16 chains in mini-batches of 8; arm d G = 8 (one group per

@@ -2,8 +2,12 @@
 
 Each question grows its own `SearchTree`. Line 2 samples G answers per question; then each of the
 K iterations selects a path (line 5, Eq. 5), picks its backtracking token (line 6, Eq. 6-7) and
-samples G new continuations from it (line 7). Every round makes ONE engine call for all trees that
-are still expanding, so the sampler sees a large batch. K = 0 is exactly DAPO's group of G.
+samples G new continuations from it (line 7). K = 0 is exactly DAPO's group of G.
+
+The per-tree steps are `plant` (line 2), `next_expansion` (lines 4-6) and `grow` (lines 7-8).
+`build_trees` runs them in lockstep: every round makes ONE engine call for all trees that are
+still expanding, so the sampler sees a large batch; bfspo.rollout.streamed runs the same steps on
+one engine loop, each tree as soon as its samples finish (docs/algorithm.md, "Streamed rollout").
 
 Conventions (docs/algorithm.md):
 
@@ -23,12 +27,14 @@ Conventions (docs/algorithm.md):
   stops expanding.
 * Expansion: G continuations of q + o_{1..t*} with max_new_tokens = budget - depth(t*), so every
   path stays within the budget; w^b then has G+1 children.
-* Round r uses seed + r when a seed is given (round 0 is line 2).
+* Round r uses seed + r when a seed is given (round 0 is line 2); the context of tree i in round r
+  has the place (i, r), from which engines that seed each request derive its seed.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from bfspo.errors import BfspoError
@@ -97,65 +103,97 @@ def add_completions(tree: SearchTree, parent: int | None, completions: Sequence,
         tree.segments[leaf].leaf.correct = verdict and bool(c.finished)
 
 
-def build_trees(engine, prompts: Sequence[Sequence[int]], scorers: Sequence[Scorer], *, group_size: int, k: int,
-                budget: int, selection: str = "bfs", temperature: float = 1.0, top_p: float = 1.0,
-                seed: int | None = None, filter: str = "all_leaves") -> list[SearchTree]:
-    """Algorithm 1 for every prompt at once: one tree per prompt, K+1 batched engine calls at most.
+@dataclass
+class Expansion:
+    """One planned expansion (Alg. 1 line 7): w^b at (segment, offset), the selected path's leaf,
+    the context q + o_{1..t*} and the tokens left to generate, budget - depth(t*)."""
 
-    `scorers[i](path_token_ids) -> bool` is the verifier v(o, a*) of question i, called with the
-    generated tokens of each new complete path. `engine` follows bfspo.rollout.base.RolloutEngine.
-    With `filter="first_samples"`, a tree that fails the filter on its G first answers is not
-    expanded (`stopped` names the filter); "all_leaves" expands every tree and filters afterwards.
-    """
+    iteration: int
+    point: tuple[int, int]
+    leaf: int
+    context: list[int]
+    max_new: int
+
+
+def check_search_args(group_size: int, k: int, budget: int, selection: str, filter: str) -> None:
     if group_size < 1 or k < 0 or budget < 1:
         raise BfspoError(f"need group_size >= 1, k >= 0 and budget >= 1, got {group_size}, {k}, {budget}")
     if selection not in SELECTIONS:
         raise BfspoError(f"unknown selection {selection!r}; expected one of {SELECTIONS}")
     if filter not in FILTERS:
         raise BfspoError(f"unknown filter {filter!r}; expected one of {FILTERS}")
+
+
+def plant(tree: SearchTree, completions: Sequence, score: Scorer, k: int, filter: str) -> None:
+    """Alg. 1 line 2 for one tree: its G first answers, scored; with `filter="first_samples"` a tree
+    whose first answers fail DAPO's constraint stops here (`stopped` names the filter)."""
+    add_completions(tree, None, completions, 0, score)
+    if k > 0 and filter == "first_samples" and not keep_tree(tree, filter):
+        tree.stopped = {"iteration": 1, "reason": "first samples all " + ("correct" if tree.n_correct else "wrong")}
+
+
+def next_expansion(tree: SearchTree, iteration: int, k: int, selection: str) -> Expansion | None:
+    """Alg. 1 lines 4-6 for one tree: the expansion of iteration `iteration` (1..K), or None when the
+    tree is done (K iterations spent, stopped before, or no backtracking point: `stopped` says why)."""
+    if iteration > k or tree.stopped is not None:
+        return None
+    point, leaf, reason = backtracking_point(tree, selection)
+    if point is None:
+        tree.stopped = {"iteration": iteration, "reason": reason}
+        return None
+    if selection == "bfs":
+        tree.selected.append({"iteration": iteration, "leaf": leaf, "length": tree.segments[leaf].leaf.length})
+    s, j = point
+    return Expansion(iteration, point, leaf, tree.prompt_ids + tree.path_tokens(s, upto=j),
+                     tree.budget - (tree.segments[s].start + j))
+
+
+def grow(tree: SearchTree, expansion: Expansion, completions: Sequence, score: Scorer) -> None:
+    """Alg. 1 lines 7-8 for one tree: attach an expansion's G continuations and record it."""
+    s, j = expansion.point
+    seg = tree.segments[s]
+    record = {"iteration": expansion.iteration, "depth": seg.start + j,
+              "path_length": tree.segments[expansion.leaf].leaf.length, "entropy": seg.entropy_after[j],
+              "leaf": expansion.leaf}
+    record["segment"] = expand(tree, expansion.point, completions, expansion.iteration, score)
+    tree.backtracking.append(record)
+
+
+def build_trees(engine, prompts: Sequence[Sequence[int]], scorers: Sequence[Scorer], *, group_size: int, k: int,
+                budget: int, selection: str = "bfs", temperature: float = 1.0, top_p: float = 1.0,
+                seed: int | None = None, filter: str = "all_leaves") -> list[SearchTree]:
+    """Algorithm 1 for every prompt at once, in lockstep: one tree per prompt, K+1 batched engine
+    calls at most (bfspo.rollout.streamed runs the same per-tree steps without the lockstep).
+
+    `scorers[i](path_token_ids) -> bool` is the verifier v(o, a*) of question i, called with the
+    generated tokens of each new complete path. `engine` follows bfspo.rollout.base.RolloutEngine;
+    the context of tree i at iteration `it` has the place (i, it) (`keys`), which engines that seed
+    each request use for its seed. With `filter="first_samples"`, a tree that fails the filter on its
+    G first answers is not expanded (`stopped` names the filter); "all_leaves" expands every tree
+    and filters afterwards.
+    """
+    check_search_args(group_size, k, budget, selection, filter)
     if len(scorers) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(scorers)} scorers")
     trees = [SearchTree(prompt_ids=list(p), budget=budget) for p in prompts]
     if not trees:
         return trees
 
-    def sample(contexts, max_new, round_):
+    def sample(contexts, max_new, round_, keys):
         out = engine.generate(contexts, group_size, max_new, temperature=temperature, top_p=top_p,
-                              seed=None if seed is None else seed + round_)
+                              seed=None if seed is None else seed + round_, keys=keys)
         if len(out) != len(contexts) or any(len(c) != group_size for c in out):
             raise ValueError("the engine must return group_size completions per context")
         return out
 
-    # Line 2: the initial group of G answers per question.
-    for tree, score, comps in zip(trees, scorers, sample([t.prompt_ids for t in trees], budget, 0)):
-        add_completions(tree, None, comps, 0, score)
-        if k > 0 and filter == "first_samples" and not keep_tree(tree, filter):
-            tree.stopped = {"iteration": 1, "reason": "first samples all " + ("correct" if tree.n_correct else "wrong")}
-
+    first = sample([t.prompt_ids for t in trees], budget, 0, [(i, 0) for i in range(len(trees))])
+    for tree, score, comps in zip(trees, scorers, first):
+        plant(tree, comps, score, k, filter)
     for it in range(1, k + 1):
-        todo = []
-        for i, tree in enumerate(trees):
-            if tree.stopped is not None:
-                continue
-            point, leaf, reason = backtracking_point(tree, selection)
-            if point is None:
-                tree.stopped = {"iteration": it, "reason": reason}
-                continue
-            if selection == "bfs":
-                tree.selected.append({"iteration": it, "leaf": leaf, "length": tree.segments[leaf].leaf.length})
-            todo.append((i, point, leaf))
+        todo = [(i, e) for i, tree in enumerate(trees) if (e := next_expansion(tree, it, k, selection)) is not None]
         if not todo:
             break
-        contexts, max_new = [], []
-        for i, (s, j), _ in todo:
-            tree = trees[i]
-            contexts.append(tree.prompt_ids + tree.path_tokens(s, upto=j))
-            max_new.append(budget - (tree.segments[s].start + j))
-        for (i, (s, j), leaf), comps in zip(todo, sample(contexts, max_new, it)):
-            tree = trees[i]
-            seg = tree.segments[s]
-            record = {"iteration": it, "depth": seg.start + j, "path_length": tree.segments[leaf].leaf.length,
-                      "entropy": seg.entropy_after[j], "leaf": leaf}
-            record["segment"] = expand(tree, (s, j), comps, it, scorers[i])
-            tree.backtracking.append(record)
+        out = sample([e.context for _, e in todo], [e.max_new for _, e in todo], it, [(i, it) for i, _ in todo])
+        for (i, e), comps in zip(todo, out):
+            grow(trees[i], e, comps, scorers[i])
     return trees

@@ -24,10 +24,41 @@ class Completion:
     finished: bool  # True when the completion ended with EOS (not cut by the budget)
 
 
+@dataclass
+class Occupancy:
+    """How full an engine ran: the sequences it decoded per decode step, over `capacity`, the most
+    it decodes at once (vLLM's max_num_seqs, the transformers engine's batch). A running sequence
+    makes one token per step, so its sequence-steps are its tokens."""
+
+    capacity: int
+    steps: int = 0
+    running: int = 0  # sequence-steps: the sequences of each step, summed
+
+    def record(self, steps: int, sequence_steps: int) -> None:
+        self.steps += steps
+        self.running += sequence_steps
+
+    def pop(self) -> dict:
+        """Since the last call: `engine_steps` and `occupancy`, the mean sequences per step over
+        `capacity` (NaN without a step); then starts counting again."""
+        out = {"engine_steps": self.steps,
+               "occupancy": self.running / (self.steps * self.capacity) if self.steps else float("nan")}
+        self.steps = self.running = 0
+        return out
+
+
 class RolloutEngine(Protocol):
     def generate(self, contexts: Sequence[Sequence[int]], n: int, max_new_tokens: Sequence[int] | int, *,
-                 temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None) -> list[list[Completion]]:
-        """n completions per context (contexts are full token ids: prompt + prefix); temperature 0 = greedy."""
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
+                 keys: Sequence[tuple[int, ...]] | None = None) -> list[list[Completion]]:
+        """n completions per context (contexts are full token ids: prompt + prefix); temperature 0 = greedy.
+
+        `keys[i]`: the place of context i in the caller's work (a search tree's (question, iteration));
+        an engine that seeds each request seeds sample j of context i by (seed, *keys[i], j), so a
+        sample does not depend on which other contexts share the call. Default: (i,)."""
+
+    def pop_occupancy(self) -> dict:
+        """`Occupancy.pop` of the engine's decode steps since the last call."""
 
     def sync_weights(self, model) -> None:
         """Make the engine sample from `model`'s current weights."""

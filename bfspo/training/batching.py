@@ -68,6 +68,41 @@ def fill(generate: Callable[[int, int], list], keep: Callable[[object], bool], t
     return out
 
 
+def fill_streamed(search, add: Callable[[], None], keep: Callable[[object], bool], target: int,
+                  chains_per_question: int, oversample: float, max_rounds: int) -> Filled:
+    """Dynamic sampling on one engine loop (bfspo.rollout.streamed.StreamedSearch): a question is
+    added as soon as the engine has room for its G samples while the trees still growing are fewer
+    than the questions the missing chains call for (`questions_to_ask`, as a lockstep round would
+    ask them), until `select` can fill `target` chains from the finished, kept trees. The trees
+    still growing then are dropped (as verl drops its surplus prompts).
+
+    `add()` plants the next question's tree in `search`. At most `max_rounds` times the questions of
+    a lockstep round that misses the whole batch are asked. Trees count in the order they were
+    added (their index), whatever order they finish in: `kept` and `generated` are in that order.
+    `rounds` is 1: there are no rounds.
+    """
+    done: dict[int, object] = {}
+    kept: dict[int, object] = {}
+    asked, most = 0, max_rounds * questions_to_ask(target, chains_per_question, oversample)
+    while True:
+        have = sum(tree_chains(t) for t in select([kept[i] for i in sorted(kept)], target))
+        if have >= target:
+            break
+        wanted = questions_to_ask(target - have, chains_per_question, oversample)
+        while (asked < most and search.growing < wanted
+               and (search.growing == 0 or search.room() >= search.group_size)):
+            add()
+            asked += 1
+        if not search.growing:
+            break
+        for i in search.step():
+            done[i] = search.trees[i]
+            if keep(done[i]):
+                kept[i] = done[i]
+    search.abort()
+    return Filled(kept=[kept[i] for i in sorted(kept)], generated=[done[i] for i in sorted(done)], rounds=1)
+
+
 def select(kept: Sequence, target: int) -> list:
     """Whole trees, first fit in generation order, holding at most `target` chains: a tree that
     would overflow the batch is skipped for a later, smaller one. A single tree larger than the

@@ -23,6 +23,7 @@ from bfspo.algorithm.attention_options import ATTENTIONS, BUCKET_TOKENS, MAX_BUC
 from bfspo.algorithm.rewards import WINDOWS
 from bfspo.algorithm.search import SELECTIONS
 from bfspo.device import DEVICES
+from bfspo.rollout.streamed import ROLLOUTS, resolve_rollout
 from bfspo.errors import BfspoError
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -142,11 +143,18 @@ class TrainConfig:
 
     # --- systems ----------------------------------------------------------------------------------
     engine: str = field(default="transformers", metadata={"help": "Rollout engine: 'transformers' or 'vllm'."})
+    rollout: str = field(default="auto", metadata={
+        "help": "How the trees are grown: 'lockstep' (K+1 batched engine calls per generation round, each "
+                "waiting for its longest chain), 'streamed' (vLLM only: one engine loop in which each tree "
+                "expands as soon as its G samples finish, and dynamic sampling adds a question as soon as the "
+                "engine has room), or 'auto': streamed on vllm, lockstep on transformers (docs/algorithm.md, "
+                "'Streamed rollout')."})
     rollout_batch_size: int = field(default=64, metadata={
         "help": "Most sequences the transformers engine decodes at once (vLLM's limit is max_num_seqs)."})
     max_num_seqs: int = field(default=512, metadata={
-        "help": "vLLM: most sequences decoded at once (its scheduler's max_num_seqs; every request of a "
-                "generation round is handed to vLLM together, and the KV cache may hold fewer)."})
+        "help": "vLLM: most sequences decoded at once (its scheduler's max_num_seqs; the KV cache may hold "
+                "fewer). A lockstep call hands vLLM all its requests together; a streamed rollout adds a "
+                "question while the engine holds fewer."})
     per_request_seeds: bool | None = field(default=None, metadata={
         "help": "vLLM: true seeds every request (reproducible on CPU; on GPUs vLLM then samples seeded requests "
                 "one at a time); false seeds the engine once (LLM(seed=...)); null: true on CPU, false on CUDA "
@@ -231,7 +239,7 @@ class TrainConfig:
         choices = {"selection": SELECTIONS, "advantage": tuple(ADVANTAGES), "overlong_window": WINDOWS,
                    "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled"),
                    "batch_unit": ("chains", "prompts"), "filter": FILTERS, "tree_attention": ATTENTIONS,
-                   "device": DEVICES}
+                   "device": DEVICES, "rollout": ROLLOUTS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise BfspoError(f"config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -244,6 +252,9 @@ class TrainConfig:
         for name in ("k", "limit", "threads", "seed", "max_nonfinite", "val_every"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise BfspoError(f"config: {name} must be an integer >= 0, got {getattr(self, name)!r}")
+        if resolve_rollout(self.rollout, self.engine) == "streamed" and self.engine != "vllm":
+            raise BfspoError(f"config: rollout: streamed needs engine: vllm (the {self.engine} engine has no "
+                             "request-level loop); use rollout: lockstep or auto")
         if not (self.per_request_seeds is None or isinstance(self.per_request_seeds, bool)):
             raise BfspoError(f"config: per_request_seeds must be true, false or null, got {self.per_request_seeds!r}")
         for name, (ok, bounds) in _NUMBER_BOUNDS.items():

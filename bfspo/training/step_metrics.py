@@ -6,7 +6,9 @@ One row goes both to metrics.jsonl and to W&B, with the same keys:
 - `rollout/`: reward, accuracy and length of the first samples (Alg. 1 line 2; the G answers DAPO
   would also sample), with their spread, the shortest, the mean length of the finished ones (ended
   with EOS), the fraction cut off at the budget, the length reward R_l (Eq. 3) as its own term,
-  entropy, dynamic-sampling counts (and the fraction of groups filtered out) and token counts;
+  entropy, dynamic-sampling counts (and the fraction of groups filtered out) and token counts; the
+  engine's occupancy (the mean sequences it decoded per engine step over the most it can,
+  vLLM's max_num_seqs or the transformers engine's rollout_batch_size) and its engine steps;
 - `tree/`: depth, backtracks and their depth, branching nodes and the tied ones (children with
   equal branch advantages: no signal at that node);
 - `advantage/`: mean, std, min, max and fraction zero of the token advantages trained on;
@@ -44,7 +46,8 @@ SECTIONS = {
     "trees": "rollout/trees", "chains_target": "rollout/chains_target", "batch_full": "rollout/batch_full",
     "tokens_unique": "rollout/tokens_unique", "tokens_total": "rollout/tokens_total",
     "rollout_tokens": "rollout/tokens_generated", "packing_gain": "rollout/packing_gain",
-    "verify_timeouts": "rollout/verify_timeouts",
+    "verify_timeouts": "rollout/verify_timeouts", "occupancy": "rollout/occupancy",
+    "engine_steps": "rollout/engine_steps",
     "logprob_gap_mean": "rollout/logprob_gap_mean", "logprob_gap_max": "rollout/logprob_gap_max",
     "tree_depth_max": "tree/depth_max", "tree_depth_mean": "tree/depth_mean", "backtracks": "tree/backtracks",
     "backtrack_depth_mean": "tree/backtrack_depth_mean", "branching_nodes": "tree/branching_nodes",

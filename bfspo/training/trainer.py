@@ -49,6 +49,7 @@ from bfspo.errors import BfspoError
 from bfspo.io import append_line, atomic_write_text, read_json, read_jsonl, write_json
 from bfspo.algorithm.packing import n_entries
 from bfspo.rollout.rescore import RescoredEngine
+from bfspo.rollout.streamed import StreamedSearch, resolve_rollout
 from bfspo.training.accumulate import minibatch_backward
 from bfspo.algorithm.search import build_trees
 from bfspo.rollout.base import needed_model_len
@@ -162,6 +163,7 @@ class Trainer:
                 attention=cfg.tree_attention, bucket=cfg.attention_bucket)
         else:
             self.engine = make_engine("transformers", self.model, self.tokenizer, batch_size=cfg.rollout_batch_size)
+        self.rollout_kind = resolve_rollout(cfg.rollout, cfg.engine)
         self.step, self.nonfinite, self.empty_steps, self.tokens_seen = 0, 0, 0, 0
         self.cursors = [0] * self.world  # position of each rank in its share of the data order
         self.wandb_logged = 0  # the last step an earlier attempt sent to the W&B run (tracking.last_logged_step)
@@ -197,20 +199,43 @@ class Trainer:
         target = self.rank_chains
         missed = timeouts()
 
+        self.engine.pop_occupancy()  # drop what validation's calls counted
+
+        def seed_of(round_: int) -> int:
+            return ((cfg.seed * 1_000_003 + self.step) * 64 + round_) * 1024 + self.rank * 128
+
+        def prepare(q: Question, tree, round_: int) -> None:
+            tree.meta.update(question_id=q.id, step=self.step, round=round_, rank=self.rank)
+
         def generate(n: int, round_: int) -> list:
             qs = self.next_questions(n)
-            seed = ((cfg.seed * 1_000_003 + self.step) * 64 + round_) * 1024 + self.rank * 128
             trees = build_trees(self.engine, [q.prompt_ids for q in qs], [self.scorer(q) for q in qs],
                                 group_size=cfg.group_size, k=cfg.k, budget=cfg.budget, selection=cfg.selection,
-                                temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, filter=cfg.filter)
+                                temperature=cfg.temperature, top_p=cfg.top_p, seed=seed_of(round_), filter=cfg.filter)
             for q, tree in zip(qs, trees):
-                tree.meta.update(question_id=q.id, step=self.step, round=round_, rank=self.rank)
-                assign_rewards(tree, overlong=cfg.overlong, window=cfg.overlong_window)
-                assign_advantages(tree, cfg.advantage)
+                prepare(q, tree, round_)
             return trees
 
-        filled = batching.fill(generate, lambda tree: keep_tree(tree, cfg.filter), target, cfg.chains_per_question,
-                               cfg.oversample, cfg.max_gen_rounds, agree=dist.any_rank)
+        def keep(tree) -> bool:
+            return keep_tree(tree, cfg.filter)
+
+        if self.rollout_kind == "streamed":
+            search = StreamedSearch(self.engine, group_size=cfg.group_size, k=cfg.k, budget=cfg.budget,
+                                    selection=cfg.selection, temperature=cfg.temperature, top_p=cfg.top_p,
+                                    seed=seed_of(0), filter=cfg.filter)
+
+            def add() -> None:
+                q = self.next_questions(1)[0]
+                prepare(q, search.trees[search.add(q.prompt_ids, self.scorer(q))], 0)
+
+            filled = batching.fill_streamed(search, add, keep, target, cfg.chains_per_question, cfg.oversample,
+                                            cfg.max_gen_rounds)
+        else:
+            filled = batching.fill(generate, keep, target, cfg.chains_per_question, cfg.oversample,
+                                   cfg.max_gen_rounds, agree=dist.any_rank)
+        for tree in filled.generated:
+            assign_rewards(tree, overlong=cfg.overlong, window=cfg.overlong_window)
+            assign_advantages(tree, cfg.advantage)
         batch = batching.select(filled.kept, target)
         mine = batching.batch_stats(filled, batch, target)
         stats = step_metrics.rollout_stats(filled.generated, batch)
@@ -219,7 +244,8 @@ class Trainer:
         stats.update(batching.merge_ranks(dist.gather(mine)), chains=mine["chains"], groups_kept=len(filled.kept),
                      groups_filtered=len(filled.generated) - len(filled.kept),
                      tokens_unique=sum(t.n_tokens for t in batch), tokens_total=sum(t.n_chain_tokens for t in batch),
-                     rollout_tokens=sum(t.n_tokens for t in filled.generated), verify_timeouts=timeouts() - missed)
+                     rollout_tokens=sum(t.n_tokens for t in filled.generated), verify_timeouts=timeouts() - missed,
+                     **self.engine.pop_occupancy())
         return batch, filled.generated, stats
 
     def update(self, trees: list) -> dict:

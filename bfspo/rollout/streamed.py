@@ -1,0 +1,130 @@
+"""Streamed tree expansion: Algorithm 1 on one vLLM engine loop, each tree at its own pace.
+
+The lockstep rollout (bfspo.algorithm.search.build_trees) makes K+1 engine calls, and each call
+waits for its longest chain: the engine runs its tail half-empty. Here every tree's requests go
+into one engine loop (vLLM's request-level engine, bfspo.rollout.vllm_engine.VLLMEngine `add` /
+`step`): when a tree's G samples have all finished, they are rescored (the entropies backtracking
+needs, bfspo.rollout.rescore), the tree takes the same per-tree step the lockstep rollout takes
+(`plant` or `grow`, then `next_expansion`) and its next G requests are added at once. New trees can
+be added while others grow (dynamic sampling, bfspo.training.batching.fill_streamed).
+
+Sample j of tree i's iteration r (0: line 2) is seeded by (seed + r, i, r, j), as the lockstep
+rollout seeds it (`keys`), so with per-request seeds both give the same trees, byte for byte
+(tests/test_vllm_engine.py): a sample depends on its place in its tree, not on its place in a call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bfspo.algorithm.search import Expansion, Scorer, check_search_args, grow, next_expansion, plant
+from bfspo.algorithm.tree import SearchTree
+
+# TrainConfig `rollout`: "auto" is streamed on vLLM and lockstep on transformers
+ROLLOUTS = ("auto", "lockstep", "streamed")
+
+
+def resolve_rollout(rollout: str, engine: str) -> str:
+    """The rollout a run uses: "lockstep" or "streamed" (which needs the vLLM engine)."""
+    if rollout == "auto":
+        return "streamed" if engine == "vllm" else "lockstep"
+    return rollout
+
+
+@dataclass
+class _Group:
+    """A tree's outstanding G samples: line 2 (`expansion` None) or one expansion."""
+
+    iteration: int
+    context: list[int]
+    expansion: Expansion | None
+    done: dict = field(default_factory=dict)  # child -> Completion
+
+
+class StreamedSearch:
+    """Search trees grown on one engine loop. `add` plants a tree (its G first samples are queued);
+    `step` runs one engine step and returns the trees that finished with it; `abort` drops the
+    requests of the trees still growing.
+
+    engine: a RescoredEngine around a VLLMEngine (its `engine`): the requests go to the latter,
+    each finished group is rescored by the former.
+    """
+
+    def __init__(self, engine, *, group_size: int, k: int, budget: int, selection: str = "bfs",
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None, filter: str = "all_leaves"):
+        check_search_args(group_size, k, budget, selection, filter)
+        self.rescored, self.engine = engine, engine.engine
+        self.group_size, self.k, self.budget, self.selection, self.filter = group_size, k, budget, selection, filter
+        self.temperature, self.top_p, self.seed = temperature, top_p, seed
+        self.trees: list[SearchTree] = []
+        self.scorers: list[Scorer] = []
+        self.groups: dict[int, _Group] = {}  # tree -> its outstanding group
+        self.requests: dict[str, tuple[int, int]] = {}  # request id -> (tree, child)
+
+    @property
+    def growing(self) -> int:
+        """Trees with samples outstanding."""
+        return len(self.groups)
+
+    def room(self) -> int:
+        """Sequences the engine can start now (its `max_num_seqs` less those in it)."""
+        return self.engine.occupancy.capacity - self.engine.in_flight
+
+    def add(self, prompt, score: Scorer) -> int:
+        """Plant a tree for `prompt` (verifier `score`) and queue its G first samples; its index."""
+        i = len(self.trees)
+        self.trees.append(SearchTree(prompt_ids=list(prompt), budget=self.budget))
+        self.scorers.append(score)
+        self._queue(i, _Group(0, list(prompt), None), self.budget)
+        return i
+
+    def _queue(self, i: int, group: _Group, max_new: int) -> None:
+        self.groups[i] = group
+        seed = None if self.seed is None or self.temperature == 0 else self.seed + group.iteration
+        for j in range(self.group_size):
+            rid = self.engine.new_request_id()
+            self.requests[rid] = (i, j)
+            self.engine.add(rid, group.context, max_new, temperature=self.temperature, top_p=self.top_p,
+                            seed=self.engine.sample_seed(seed, (i, group.iteration, j)))
+
+    def step(self) -> list[int]:
+        """One engine step; the indices of the trees it finished (K expansions done, or stopped)."""
+        finished = []
+        for rid, completion in self.engine.step():
+            i, j = self.requests.pop(rid)
+            group = self.groups[i]
+            group.done[j] = completion
+            if len(group.done) < self.group_size:
+                continue
+            del self.groups[i]
+            completions = [group.done[c] for c in range(self.group_size)]
+            self.rescored.rescore(group.context, completions)
+            tree, score = self.trees[i], self.scorers[i]
+            if group.expansion is None:
+                plant(tree, completions, score, self.k, self.filter)
+            else:
+                grow(tree, group.expansion, completions, score)
+            e = next_expansion(tree, group.iteration + 1, self.k, self.selection)
+            if e is None:
+                finished.append(i)
+            else:
+                self._queue(i, _Group(e.iteration, e.context, e), e.max_new)
+        return finished
+
+    def abort(self) -> None:
+        """Drop every outstanding request; the trees still growing stay unfinished."""
+        self.engine.abort(list(self.requests))
+        self.requests.clear()
+        self.groups.clear()
+
+
+def stream_trees(engine, prompts, scorers, **search) -> list[SearchTree]:
+    """`build_trees`'s trees for these prompts, grown on one engine loop (`StreamedSearch`'s options)."""
+    if len(scorers) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(scorers)} scorers")
+    run = StreamedSearch(engine, **search)
+    for prompt, score in zip(prompts, scorers):
+        run.add(prompt, score)
+    while run.growing:
+        run.step()
+    return run.trees
