@@ -7,10 +7,15 @@ log-prob, forward + backward:
   flat     one row per chain (prompt + prefix + branch), what DAPO computes;
   tree     bfspo.algorithm.packing: one row per tree, shared prefix computed once, tree attention;
   ceiling  one ordinary causal row per tree holding the same number of unique tokens.
-Correctness is checked before timing: packed log-probs equal the flat ones.
+Correctness is checked before timing: packed log-probs equal the flat ones. The three are timed
+in interleaved rounds (one of each per round: shared cores slow them alike), and the tree layout's
+share of the ceiling is the median over rounds of ceiling / tree-packed time.
 
     python bench/bench_packing.py --shape cpu --trees 2 --shared 64 --branches 4 --length 64
     python bench/bench_packing.py --shape 0.5b        # on a GPU: the issue's layout
+
+`--parts` also times, alone, what the tree-packed step computes differently from the ceiling: one
+layer's tree attention and the chunked output head, each against its ceiling's way.
 
 `--packer` times the packing alone on one paper-shaped mini-batch (`--prompts` questions of G =
 `--group` answers, budget `--budget`, `--prompt-len`-token prompts, chains of budget/4 to the
@@ -27,10 +32,11 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 
 import torch
 
-from bench.common import device_and_dtype, print_table, random_model, timed
+from bench.common import device_and_dtype, print_table, random_model, timed, timed_rounds
 from bfspo.algorithm.packing import pack_trees, packed_logprobs, plan_micro_batches
 from bfspo.algorithm.tree import SearchTree
 
@@ -114,6 +120,51 @@ def packer(args) -> None:
                  "lazy MiB held"], rows)
 
 
+def parts(args, model, packed) -> None:
+    """The two parts of the tree-packed step that the ceiling does differently, each against its
+    ceiling, fwd+bwd, in interleaved rounds: one layer's tree attention (BlockPlan built once per model
+    call, as `tree_kwargs` does, or per layer) against causal sdpa over one row per tree of the same
+    tokens; the output head in chunks (`_LinearHeadChunk`, or activation checkpointing, what a
+    non-linear head runs) against log-softmax over every row at once, as the ceiling computes it."""
+    from torch.utils.checkpoint import checkpoint
+
+    from bfspo.algorithm.packing import _head_chunk, _head_chunk_with_grad
+    from bfspo.algorithm.tree_attention import BlockPlan, blockwise_attention
+
+    cfg, gen = model.config, torch.Generator().manual_seed(1)
+    t, d = packed.input_ids.shape[1], cfg.hidden_size // cfg.num_attention_heads
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=gen).requires_grad_()
+
+    q, k, v = leaf(1, cfg.num_attention_heads, t, d), leaf(1, cfg.num_key_value_heads, t, d), leaf(1, cfg.num_key_value_heads, t, d)
+    rows = [leaf(args.trees, h, t // args.trees, d) for h in (cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                             cfg.num_key_value_heads)]
+    plan = BlockPlan(packed.ends)
+    head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+    hidden = leaf(packed.positions.numel(), cfg.hidden_size)
+    chunks = [(c, packed.parent[(packed.parent >= c) & (packed.parent < c + 1024)] - c,
+               packed.targets[(packed.parent >= c) & (packed.parent < c + 1024)]) for c in range(0, hidden.shape[0], 1024)]
+
+    def head_run(fn):
+        def run():
+            for c, r, tg in chunks:
+                lse, _, target = fn(head, hidden[c:c + 1024], r, tg)
+                (target.sum() - lse.sum()).backward()
+        return run
+
+    fns = {"attention: blockwise, plan once per call": lambda: blockwise_attention(q, k, v, packed.ends, d ** -0.5, plan=plan).sum().backward(),
+           "attention: blockwise, plan per layer": lambda: blockwise_attention(q, k, v, packed.ends, d ** -0.5).sum().backward(),
+           "attention ceiling: causal sdpa, one row per tree": lambda: torch.nn.functional.scaled_dot_product_attention(
+               *rows, is_causal=True, enable_gqa=True).sum().backward(),
+           "head: linear head chunk": head_run(_head_chunk_with_grad),
+           "head: checkpointed chunk": head_run(lambda *a: checkpoint(_head_chunk, *a, use_reentrant=False)),
+           "head ceiling: log-softmax of all rows": lambda: head(hidden).float().log_softmax(-1).mean().backward()}
+    times = timed_rounds(list(fns.values()), args.repeats)
+    print_table(f"parts, fwd+bwd, {args.shape} shape, one row of {t} tokens", ["part", "ms"],
+                [[name, statistics.median(ts) * 1e3] for name, ts in zip(fns, times)])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--packer", action="store_true", help="time the packer on a paper-shaped mini-batch")
@@ -129,6 +180,7 @@ def main() -> None:
     p.add_argument("--length", type=int, default=256)
     p.add_argument("--prompt", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--parts", action="store_true", help="also time the attention and the output head alone")
     args = p.parse_args()
     if args.packer:
         packer(args)
@@ -166,13 +218,19 @@ def main() -> None:
         out.logits.float().log_softmax(-1).mean().backward()
         model.zero_grad(set_to_none=True)
 
-    t_flat, t_tree, t_ceil = (timed(f, args.repeats) for f in (step(flat), step(packed), ceiling))
+    rounds = timed_rounds([step(flat), step(packed), ceiling], args.repeats)
+    t_flat, t_tree, t_ceil = (statistics.median(t) for t in rounds)
+    shares = sorted(c / t for t, c in zip(rounds[1], rounds[2]))
     print_table(f"fwd+bwd, {args.shape} shape: {args.trees} trees x ({args.shared} shared + {args.branches} x {args.length})",
                 ["layout", "tokens", "ms", "speed-up vs flat"],
                 [["flat (one row per chain)", chain_tokens, t_flat * 1e3, 1.0],
                  ["tree-packed (bfspo.algorithm.packing)", unique, t_tree * 1e3, t_flat / t_tree],
                  ["ceiling (causal, unique tokens)", unique, t_ceil * 1e3, t_flat / t_ceil]])
-    print(f"\nmax |packed - flat| log-prob: {err:.2e}; token ratio {chain_tokens / unique:.2f}")
+    if args.parts:
+        parts(args, model, packed)
+    print(f"\nmax |packed - flat| log-prob: {err:.2e}; token ratio {chain_tokens / unique:.2f}; tree-packed at "
+          f"{statistics.median(shares):.0%} of the ceiling (median over {args.repeats} interleaved rounds of "
+          f"ceiling ms / tree-packed ms; range {shares[0]:.0%}-{shares[-1]:.0%})")
 
 
 if __name__ == "__main__":

@@ -165,7 +165,7 @@ def measure(args) -> dict:
         "weights": memory.weights(s, b),
         "LoRA+AdamW": memory.lora_state(memory.lora_params(s, 8, LORA_TARGETS)),
         f"activations@{row_tokens}": memory.activations(s, row_tokens, b, 8, LORA_TARGETS, args.checkpointing),
-        "logits": memory.logits_chunk(s, HEAD_CHUNK_ROWS, b),
+        "logits": memory.update_logits(s, row_tokens, b, 8, LORA_TARGETS, args.checkpointing, HEAD_CHUNK_ROWS),
     }
     plan_s = forward_s(s, row_tokens, 6 if args.checkpointing else 4, ASSUMPTIONS)
     return {"device": torch.cuda.get_device_name() if cuda else "CPU", "dtype": str(dtype).split(".")[1],

@@ -59,6 +59,19 @@ def timed(fn, repeats: int = 5, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
+def timed_rounds(fns, repeats: int = 5, warmup: int = 2) -> list[list[float]]:
+    """Seconds of each fn per round, after warm-up: every round runs each fn once, in turn, so that a
+    change of load on shared cores hits them all alike (compare them round by round)."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, times):
+            out.append(timed(fn, repeats=1, warmup=0))
+    return times
+
+
 def device_name() -> str:
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()

@@ -409,3 +409,26 @@ def test_flex_rows_are_padded_to_buckets_and_compiled_once_per_bucket(model, mon
     assert len(lengths) == 7 and min(lengths) <= 384 < max(lengths) <= 768
     assert counters["stats"]["unique_graphs"] == 2
     torch._dynamo.reset()
+
+
+def test_the_linear_head_chunk_has_the_gradients_of_plain_autograd():
+    """`_LinearHeadChunk` (logits recomputed once in the backward pass) against autograd through the
+    whole [chunk, V] logits, with a bias and a target repeated across rows. The logits are float32
+    (`_head_chunk` upcasts them), and the repeated target's two gradients may add in another order:
+    float32 rounding."""
+    from bfspo.algorithm.packing import _head_chunk, _head_chunk_with_grad
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        head = torch.nn.Linear(6, 11, dtype=torch.float64)
+    hidden = torch.randn(5, 6, dtype=torch.float64, generator=gen).requires_grad_()
+    rows, targets = torch.tensor([0, 0, 2, 4, 4]), torch.tensor([3, 3, 1, 10, 0])
+    weights = torch.randn(2, 5, dtype=torch.float64, generator=gen)
+    results = []
+    for fn in (_head_chunk, _head_chunk_with_grad):
+        lse, entropy, target = fn(head, hidden, rows, targets)
+        loss = (weights[0] * lse).sum() + (weights[1] * target).sum()
+        results.append((lse, entropy, target, *torch.autograd.grad(loss, (hidden, head.weight, head.bias))))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-6)

@@ -21,7 +21,8 @@ from bfspo.errors import BfspoError
 from bfspo.pipeline import gpu_plan, jobs, memory
 from bfspo.pipeline.matrix import Matrix, load_config
 from bfspo.pipeline.shapes import MODELS_DIR, Shape, load_shape
-from bfspo.pipeline.throughput import (ASSUMPTIONS, chain_tokens_factor, decode_tokens_per_s, forward_s,
+from bfspo.pipeline.throughput import (ASSUMPTIONS, chain_tokens_factor, decode_tokens_per_s, expanded_share, forward_s,
+                                       generated_chain_tokens, signal_rate,
                                        generation_rounds_factor)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,6 +107,14 @@ def test_activations_with_and_without_checkpointing():
 def test_logits_kv_and_vllm_terms():
     assert memory.logits_chunk(TINY, 1024, 2) == 1024 * 10 * (2 + 12)
     assert memory.logits_chunk(TINY, 1024, 4) == 1024 * 10 * 12  # float32: the upcast is the logits
+    # issue 32: the head's chunk never coexists with a layer's backward (nor, checkpointed, its recompute)
+    w, a = memory.layer_backward_workspace(TINY, 2), memory.layer_activations(TINY, 2, 8, ["q_proj"])
+    for tokens in (1, 8, 10_000):
+        assert memory.update_logits(TINY, tokens, 2, 8, ["q_proj"], False, 1024) == max(
+            0, memory.logits_chunk(TINY, 1024, 2) - tokens * w)
+        assert memory.update_logits(TINY, tokens, 2, 8, ["q_proj"], True, 1024) == max(
+            0, memory.logits_chunk(TINY, 1024, 2) - tokens * (w + a))
+    assert memory.update_logits(TINY, 10_000, 2, 8, ["q_proj"], True, 1024) == 0
     assert memory.kv_cache_per_token(TINY, 2) == 2 * 2 * 4 * 2
     q3 = load_shape("Qwen/Qwen2.5-3B-Instruct")
     assert memory.kv_cache_per_token(q3) == 36 * 1024  # 2 x 36 layers x 2 heads x 128 x 2 bytes
@@ -164,11 +173,11 @@ def test_every_paper_job_is_planned_and_fits_its_80_gb_card():
 
 
 def test_a_job_that_cannot_fit_is_refused_naming_it_and_its_largest_term():
-    cfg = paper(lambda c: c["resources"]["3b"].update(gpu_mem_gb=24))
+    cfg = paper(lambda c: c["resources"]["3b"].update(gpu_mem_gb=22))  # the update needs 23.0 GiB
     with pytest.raises(BfspoError) as e:
         gpu_plan.check(m := Matrix(cfg), gpu_plan.plan_matrix(m))
     text = str(e.value)
-    assert "train qwen2.5-3b_gsm8k_dapo_s0: needs" in text and "more than the 24 GiB of its class" in text
+    assert "train qwen2.5-3b_gsm8k_dapo_s0: needs" in text and "more than the 22 GiB of its class" in text
     assert "largest term is activations@32768" in text and "lower micro_batch_tokens" in text
     assert "llama3.1-8b" not in text  # the 8b class keeps its 80 GB
     cfg = paper(lambda c: c["resources"]["3b"]["train"].update(gpu_memory_utilization=0.95))
@@ -280,6 +289,47 @@ def test_the_slurm_plugin_submits_the_warning_and_no_step_of_its_own():
     p2 = gpu_plan.plan_matrix(m2).train[run]
     line = _sbatch_line(jobs.job_resources(m2, run, "train", p2), jobs.threads(m2, run, "train"))
     assert "--nodes=2" in line and "--gres=gpu:4" in line and "--gpus=" not in line and "--ntasks=2" in line
+
+
+def test_signal_rate_reads_the_filter_on_first_answers_or_all_leaves():
+    """Issue 32: P(0 < #correct < n) for n independent answers of accuracy p; n = G under first_samples
+    (and for DAPO), G (K + 1) leaves under all_leaves."""
+    assert signal_rate(4, 3, "first_samples", 0.871) == pytest.approx(1 - 0.871 ** 4 - 0.129 ** 4)
+    assert signal_rate(4, 3, "all_leaves", 0.871) == pytest.approx(1 - 0.871 ** 16 - 0.129 ** 16)
+    assert signal_rate(16, 0, "first_samples", 0.871) == signal_rate(16, 0, "all_leaves", 0.871)
+    assert signal_rate(4, 3, "first_samples", 1.0) == 0 and signal_rate(1, 0, "all_leaves", 0.3) == pytest.approx(0)
+    assert signal_rate(2, 0, "first_samples", 0.5) == pytest.approx(0.5)
+    with pytest.raises(BfspoError, match="unknown filter"):
+        signal_rate(4, 3, "leaves", 0.5)
+    with pytest.raises(BfspoError, match="probability"):
+        signal_rate(4, 3, "all_leaves", 87.1)
+    # only the trees that pass the first-samples filter are searched
+    assert expanded_share(3, "first_samples", 0.4) == 0.4 and expanded_share(3, "all_leaves", 0.4) == 1.0
+    assert expanded_share(0, "all_leaves", 0.4) == 0.0
+    assert generated_chain_tokens(4, 3, 0.4) == pytest.approx(4 * (1 + 0.4 * 3 * 0.5))
+    assert generated_chain_tokens(16, 0, 0.0) == 16
+
+
+def test_the_plan_takes_each_runs_signal_rate_from_its_group_and_filter():
+    """DAPO at G = 16 keeps most GSM8K groups; BFS-PO's G = 4 first answers keep fewer, and under
+    first_samples the trees that fail are not searched, so BFS-PO generates fewer chains than under
+    all_leaves, which expands every tree."""
+    m = Matrix(paper())
+    p = gpu_plan.plan_matrix(m).train
+    p_gsm8k = ASSUMPTIONS.accuracy("gsm8k_train")
+    dapo, bfspo = p["qwen2.5-3b_gsm8k_dapo_s0"], p["qwen2.5-3b_gsm8k_bfspo_s0"]
+    assert dapo.signal == pytest.approx(signal_rate(16, 0, "first_samples", p_gsm8k))
+    assert bfspo.signal == pytest.approx(signal_rate(4, 3, "first_samples", p_gsm8k)) and bfspo.signal < 0.5
+    # 8192 chains trained; one round of 3x the questions (keep x oversample >= 1): 3 x 512 trees of
+    # which a share `signal` is searched
+    assert dapo.generated_chains == pytest.approx(3 * 8192)
+    assert bfspo.generated_chains == pytest.approx(3 * 512 * 4 * (1 + bfspo.signal * 3))
+    cfg = gpu_plan.train_config(m, "qwen2.5-3b_gsm8k_bfspo_s0")
+    cfg.filter = "all_leaves"
+    all_leaves = gpu_plan.plan_train_config(cfg, run="all", gpus=1, nodes=1, ranks=1, gpu_mem=None, cap_min=1440)
+    assert all_leaves.signal == pytest.approx(signal_rate(4, 3, "all_leaves", p_gsm8k))
+    assert all_leaves.generated_chains == pytest.approx(3 * 8192)
+    assert all_leaves.generated_tokens > bfspo.generated_tokens and all_leaves.step_s > bfspo.step_s
 
 
 def test_the_paper_config_trains_bfspo_on_dapos_questions_and_chains_per_optimizer_step():

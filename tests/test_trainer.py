@@ -71,6 +71,7 @@ def test_train_writes_a_complete_run(tiny_model_dir, train_data, tmp_path):
         assert r["rollout/questions_generated"] >= r["rollout/questions_kept"] >= r["rollout/trees"]
         assert r["rollout/chains_target"] == 16 and 1 <= r["rollout/gen_rounds"] <= 10
         assert r["rollout/batch_full"] == float(r["rollout/chains"] >= 16)
+        assert r["rollout/chains_generated"] >= r["rollout/chains"]  # issue 32: the filter's cost
     trees = [SearchTree.from_dict(json.loads(line)) for line in (out / "trees" / "step_00001.jsonl").read_text().splitlines()]
     assert len(trees) == 3 and all(len(t.segments[i].token_ids) > 0 for t in trees for i in t.leaves())
     assert all(t.n_tokens <= t.n_chain_tokens for t in trees)

@@ -36,8 +36,10 @@ Entries (one log-prob each), decided by each tree's advantage kind:
 A token's log-prob comes from the logits at its PARENT position (the last prompt token for the
 first generated token); its entropy is the entropy AFTER it (at its own position), as stored in
 the tree. Log-softmax and entropy go through the output head in chunks of `chunk_size` positions,
-in the logsumexp form, and under activation checkpointing when gradients are on, so no float32
-[tokens x vocab] tensor ever exists whole, in the forward or in the backward pass. This assumes
+in the logsumexp form; with gradients on, a linear head saves only its input and the log-sum-exp and
+recomputes the chunk's logits in the backward pass (`_LinearHeadChunk`; any other head runs under
+activation checkpointing), so no float32 [tokens x vocab] tensor ever exists whole, in the forward
+or in the backward pass. This assumes
 logits = lm_head(last hidden state), true for Qwen2 and Llama (no logit soft-capping or scaling).
 
 Padding (`pad_row`): the compiled flex kernel is compiled once per row length, so `packed_logprobs`
@@ -54,7 +56,8 @@ vocabulary V, in the model's dtype unless said otherwise:
 * the decoder's activations for T tokens, as for any causal LM forward of one row of T tokens
   (none of them T x T); the tree attention of each layer saves q [Hq, T, d], k and v [Hkv, T, d],
   its output [Hq, T, d] and a float32 log-sum-exp [Hq, T] for the backward pass, and holds at
-  most one query block's float32 scores at a time (bfspo.algorithm.tree_attention);
+  most one query block's float32 scores at a time; the blockwise kernel's masks, [block, keys] per
+  query block, are built once per forward pass for all layers (bfspo.algorithm.tree_attention.BlockPlan);
 * the last hidden state [T, h] and its needed rows [N, h];
 * the output head, one chunk at a time: float32 logits [chunk_size, V] and the same-sized
   probabilities for the entropy (recomputed in the backward pass, one chunk at a time); per chunk
@@ -359,7 +362,7 @@ def row_buckets(attention: str, device: torch.device, max_tokens: int, step: int
     return bucket_lengths(max_tokens, step) if resolve_attention(attention, device) == "flex" else ()
 
 
-def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor):
+def _head_chunk(head, hidden: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor):
     """Log-sum-exp and entropy of every row of head(hidden), and the target logits of the given rows."""
     logits = head(hidden).float()
     lse = torch.logsumexp(logits, dim=-1)
@@ -367,6 +370,44 @@ def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, rows: torch.Tensor,
         probs = torch.exp(logits - lse.unsqueeze(-1))
         entropy = lse - (probs * logits).sum(-1)
     return lse, entropy, logits[rows, targets]
+
+
+class _LinearHeadChunk(torch.autograd.Function):
+    """`_head_chunk` of a linear head (an nn.Linear: weight [V, h], bias [V] or None, passed again as
+    inputs so that their gradients flow) that saves only its inputs and
+    the log-sum-exp, and recomputes the logits once in the backward pass: with S = logits,
+    d lse / dS = softmax(S) = exp(S - lse) and d S[row, target] / dS is one-hot, so
+    dS = g_lse exp(S - lse) + scatter(g_target), dhidden = dS W, dW = dS^T hidden, dbias = sum dS.
+    The entropy carries no gradient. (Activation checkpointing computes the same, but runs the
+    entropy again and builds the gradients of the logits through two autograd nodes.)"""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, head, rows, targets):
+        lse, entropy, target = _head_chunk(head, hidden, rows, targets)
+        ctx.save_for_backward(hidden, weight, bias, rows, targets, lse)
+        ctx.head = head
+        ctx.mark_non_differentiable(entropy)
+        return lse, entropy, target
+
+    @staticmethod
+    def backward(ctx, grad_lse, _grad_entropy, grad_target):
+        hidden, weight, bias, rows, targets, lse = ctx.saved_tensors
+        logits = ctx.head(hidden).float()
+        grad = torch.exp(logits - lse.unsqueeze(-1)).mul_(grad_lse.unsqueeze(-1))
+        grad.index_put_((rows, targets), grad_target, accumulate=True)
+        grad = grad.to(hidden.dtype)
+        grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
+        grad_bias = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
+
+
+def _head_chunk_with_grad(head: torch.nn.Module, hidden: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor):
+    """`_head_chunk` under autograd without keeping the [chunk, V] logits: `_LinearHeadChunk` for a
+    plain linear head, activation checkpointing for any other (a LoRA-wrapped head)."""
+    if type(head) is torch.nn.Linear:
+        return _LinearHeadChunk.apply(hidden, head.weight, head.bias, head, rows, targets)
+    return checkpoint(_head_chunk, head, hidden, rows, targets, use_reentrant=False)
 
 
 def packed_logprobs(model: torch.nn.Module, packed: PackedBatch, chunk_size: int = 1024, attention: str = "auto",
@@ -415,7 +456,7 @@ def packed_logprobs(model: torch.nn.Module, packed: PackedBatch, chunk_size: int
         targets = packed.targets[order[lo:hi]]
         args = (head, hidden[start:start + chunk_size], rows, targets)
         if torch.is_grad_enabled() and hidden.requires_grad:
-            lse, entropy, target = checkpoint(_head_chunk, *args, use_reentrant=False)
+            lse, entropy, target = _head_chunk_with_grad(*args)
         else:
             lse, entropy, target = _head_chunk(*args)
         lse_parts.append(lse)

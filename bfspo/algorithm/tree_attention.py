@@ -9,18 +9,21 @@ One int64 per token describes the whole mask: no [T, T] mask is ever built. Seve
 pieces of trees, or flat chains) share one row without padding: a token's interval never reaches
 past its own tree. Two kernels compute softmax(q k^T * scale + mask) v from the intervals:
 
-* `blockwise_attention` (CPU and CUDA): queries in blocks of `QUERY_BLOCK` tokens. A block gathers
+* `blockwise_attention` (CPU and CUDA): queries in blocks of `QUERY_BLOCK` tokens. A block reads
   only the keys that one of its queries can see (j < block end and ends[j] > block start: in a
-  tree, the block's ancestors), builds its [block, keys] additive mask from the intervals, and
-  attends: on CPU through torch's fused CPU attention kernel, elsewhere through plain tensor
-  operations in float32 (`_portable_forward`; torch has no device-independent fused kernel that
-  returns the log-sum-exp). A custom autograd Function saves only q, k, v, the output and the row
-  log-sum-exp, and runs the backward block by block (the flash-attention recipe: probabilities are
-  recomputed, never stored). Beyond the saved tensors it holds one block at a time: the gathered
-  keys and values repeated per query head, [Hq, keys, d] each, the mask [block, keys], and the
-  block's scores (float32 [Hq, block, keys] on the portable path; the fused kernel's own
-  block-sized buffers on CPU), where the keys of a block are at most the prompt, the depth of its
-  deepest token and the block itself, for tree rows. No compiler, any row length.
+  tree, the block's ancestors; a view when they are contiguous), under its [block, keys] additive
+  mask from the intervals, and attends: on CPU through torch's fused CPU attention kernel (which
+  reads grouped key/value heads itself), elsewhere through plain tensor operations in float32
+  (`_portable_forward`; torch has no device-independent fused kernel that returns the
+  log-sum-exp). The blocks, their keys and masks (`BlockPlan`) are computed once per model call
+  and shared by every layer, forward and backward (`tree_kwargs`). A custom autograd Function
+  saves only q, k, v, the output and the row log-sum-exp, and runs the backward block by block
+  (the flash-attention recipe: probabilities are recomputed, never stored). Beyond the saved
+  tensors and the plan it holds one block at a time: the block's keys and values (gathered, and on
+  the portable path repeated per query head, [Hq, keys, d] each) and its scores (float32 [Hq,
+  block, keys] on the portable path; the fused kernel's own block-sized buffers on CPU), where the
+  keys of a block are at most the prompt, the depth of its deepest token and the block itself, for
+  tree rows. No compiler, any row length.
 * `flex_tree_attention` (CUDA): torch's compiled `flex_attention` with a BlockMask built directly
   from the intervals (`interval_block_mask`: an O((T / 128)^2) block map, never [T, T]), so
   blocks of keys that no query of a block can see are skipped. Flex attention saves q, k, v, the
@@ -65,6 +68,37 @@ def visible_keys(ends: torch.Tensor, q0: int, q1: int) -> tuple[torch.Tensor, to
     return keys, (keys.unsqueeze(0) <= queries) & (queries < ends[keys].unsqueeze(0))
 
 
+class BlockPlan:
+    """The query blocks of one row and what each may see, computed once per forward pass and shared
+    by every attention layer and their backward passes (`tree_kwargs`).
+
+    blocks: (q0, q1, keys, allowed) per block of `block` queries, `keys` a slice where the visible
+    keys are contiguous (the keys are then read as a view, not gathered) and an index tensor
+    otherwise; `bias(i, dtype)`: block i's additive mask (0 or -inf), built on first use per dtype.
+    The masks hold sum over blocks of (block x keys) elements: the row's tokens times at most the
+    prompt, the depth of the deepest token and the block, for tree rows.
+    """
+
+    def __init__(self, ends: torch.Tensor, block: int = QUERY_BLOCK):
+        self.ends, self.block = ends, block
+        self.blocks = []
+        for q0 in range(0, ends.shape[0], block):
+            q1 = min(q0 + block, ends.shape[0])
+            keys, allowed = visible_keys(ends, q0, q1)
+            first, n = int(keys[0]), keys.numel()
+            if int(keys[-1]) - first + 1 == n:
+                keys = slice(first, first + n)
+            self.blocks.append((q0, q1, keys, allowed))
+        self._bias: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+    def bias(self, i: int, dtype: torch.dtype) -> torch.Tensor:
+        if (i, dtype) not in self._bias:
+            allowed = self.blocks[i][3]
+            self._bias[i, dtype] = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+                ~allowed, float("-inf"))
+        return self._bias[i, dtype]
+
+
 # torch's fused CPU attention kernels (what F.scaled_dot_product_attention runs on CPU), called per
 # query block so that the log-sum-exp of the forward pass can be kept for the backward pass.
 _FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -103,56 +137,69 @@ def _portable_backward(grad_out, q, k, v, out, lse, bias, scale):
     return torch.matmul(ds, kw).to(q.dtype), torch.matmul(ds.transpose(-1, -2), qw), dv
 
 
-def _block(k: torch.Tensor, v: torch.Tensor, ends: torch.Tensor, q0: int, q1: int, groups: int):
-    """(key indices, their keys and values repeated for every query head, additive mask) of one query block."""
-    keys, mask = visible_keys(ends, q0, q1)
-    bias = torch.zeros(mask.shape, dtype=k.dtype, device=k.device).masked_fill_(~mask, float("-inf"))
-    return keys, k[:, :, keys].repeat_interleave(groups, 1), v[:, :, keys].repeat_interleave(groups, 1), bias
+def _take(x: torch.Tensor, keys, groups: int) -> torch.Tensor:
+    """The keys or values `keys` (a slice or indices) of x [1, Hkv, T, d], repeated `groups` times per
+    head (1: left as they are, for the fused CPU kernel, which reads head h // groups itself)."""
+    x = x[:, :, keys]
+    return x if groups == 1 else x.repeat_interleave(groups, 1)
+
+
+def _add_at(acc: torch.Tensor, keys, x: torch.Tensor) -> None:
+    """acc[:, :, keys] += x, for `keys` a slice or indices."""
+    if isinstance(keys, slice):
+        acc[:, :, keys] += x
+    else:
+        acc.index_add_(2, keys, x)
 
 
 class _BlockwiseTreeAttention(torch.autograd.Function):
-    """q [1, Hq, T, d], k and v [1, Hkv, T, d] (query head h reads key/value head h // (Hq / Hkv)), ends [T];
-    `fused`: torch's fused CPU kernel per block, else the portable one."""
+    """q [1, Hq, T, d], k and v [1, Hkv, T, d] (query head h reads key/value head h // (Hq / Hkv)), the
+    row's BlockPlan; `fused`: torch's fused CPU kernel per block (grouped heads natively), else the
+    portable one (keys and values repeated per query head)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, ends, scale, block, fused):
+    def forward(ctx, q, k, v, plan, scale, fused):
         attend = _fused_cpu_forward if fused else _portable_forward
-        groups = q.shape[1] // k.shape[1]
+        groups = 1 if fused else q.shape[1] // k.shape[1]
+        bias_dtype = q.dtype if fused else torch.promote_types(q.dtype, torch.float32)
         out, lse = torch.empty_like(q), None
-        for q0 in range(0, q.shape[2], block):
-            q1 = min(q0 + block, q.shape[2])
-            _, kb, vb, bias = _block(k, v, ends, q0, q1, groups)
-            o, block_lse = attend(q[:, :, q0:q1], kb, vb, bias, scale)
+        for i, (q0, q1, keys, _) in enumerate(plan.blocks):
+            o, block_lse = attend(q[:, :, q0:q1], _take(k, keys, groups), _take(v, keys, groups),
+                                  plan.bias(i, bias_dtype), scale)
             if lse is None:
                 lse = torch.empty(q.shape[:-1], dtype=block_lse.dtype, device=q.device)
             out[:, :, q0:q1], lse[:, :, q0:q1] = o, block_lse
-        ctx.save_for_backward(q, k, v, ends, out, lse)
-        ctx.scale, ctx.block, ctx.fused = scale, block, fused
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan, ctx.scale, ctx.fused, ctx.bias_dtype = plan, scale, fused, bias_dtype
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, ends, out, lse = ctx.saved_tensors
+        q, k, v, out, lse = ctx.saved_tensors
         attend_backward = _fused_cpu_backward if ctx.fused else _portable_backward
-        groups = q.shape[1] // k.shape[1]
+        heads = q.shape[1] // k.shape[1]
+        groups = 1 if ctx.fused else heads
         dq = torch.empty_like(q)
         wide = torch.promote_types(k.dtype, torch.float32)
         dk, dv = torch.zeros(k.shape, dtype=wide, device=k.device), torch.zeros(v.shape, dtype=wide, device=v.device)
-        for q0 in range(0, q.shape[2], ctx.block):
-            q1 = min(q0 + ctx.block, q.shape[2])
-            keys, kb, vb, bias = _block(k, v, ends, q0, q1, groups)
-            dqb, dkb, dvb = attend_backward(grad_out[:, :, q0:q1].contiguous(), q[:, :, q0:q1], kb, vb,
-                                            out[:, :, q0:q1], lse[:, :, q0:q1], bias, ctx.scale)
+        for i, (q0, q1, keys, _) in enumerate(ctx.plan.blocks):
+            dqb, dkb, dvb = attend_backward(grad_out[:, :, q0:q1].contiguous(), q[:, :, q0:q1], _take(k, keys, groups),
+                                            _take(v, keys, groups), out[:, :, q0:q1], lse[:, :, q0:q1],
+                                            ctx.plan.bias(i, ctx.bias_dtype), ctx.scale)
             dq[:, :, q0:q1] = dqb
-            dk.index_add_(2, keys, dkb.unflatten(1, (k.shape[1], groups)).sum(2).to(dk.dtype))
-            dv.index_add_(2, keys, dvb.unflatten(1, (k.shape[1], groups)).sum(2).to(dv.dtype))
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+            if groups > 1:
+                dkb, dvb = (g.unflatten(1, (k.shape[1], groups)).sum(2) for g in (dkb, dvb))
+            _add_at(dk, keys, dkb.to(dk.dtype))
+            _add_at(dv, keys, dvb.to(dv.dtype))
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
 def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ends: torch.Tensor, scale: float,
-                        block: int = QUERY_BLOCK, fused: bool | None = None) -> torch.Tensor:
+                        block: int = QUERY_BLOCK, fused: bool | None = None, plan: BlockPlan | None = None) -> torch.Tensor:
     """Tree attention of one row on any device: q [1, Hq, T, d], k and v [1, Hkv, T, d] -> [1, Hq, T, d].
 
+    plan: the row's BlockPlan (of `ends`, `block` queries per block), built here if None: a model
+    call builds it once for all its layers (`tree_kwargs`).
     fused: torch's fused CPU kernel per block (CPU tensors only); None takes it on CPU and the
     portable float32 kernel elsewhere (the gradients of k and v accumulate in float32 either way).
     """
@@ -161,7 +208,9 @@ def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ends:
     elif fused and q.device.type != "cpu":
         raise BfspoError(f"the fused blockwise kernel is torch's CPU kernel; tensors on {q.device.type} take the "
                          "portable one (fused=None)")
-    return _BlockwiseTreeAttention.apply(q, k, v, ends, scale, block, fused)
+    if plan is None:
+        plan = BlockPlan(ends, block)
+    return _BlockwiseTreeAttention.apply(q, k, v, plan, scale, fused)
 
 
 def interval_block_mask(ends: torch.Tensor, block: int = FLEX_BLOCK):
@@ -271,7 +320,7 @@ def default_kernel(device: torch.device) -> str:
 
 
 def tree_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                           tree_ends=None, tree_kernel=None, tree_block_mask=None, sliding_window=None, softcap=None,
+                           tree_ends=None, tree_kernel=None, tree_block_mask=None, tree_blocks=None, sliding_window=None, softcap=None,
                            **kwargs):
     """transformers' attention interface: (output [1, T, Hq, d], None) for one packed row, through
     `tree_kernel` (KERNELS; None: `default_kernel` of the row's device)."""
@@ -289,7 +338,7 @@ def tree_attention_forward(module, query, key, value, attention_mask, scaling=No
         mask = interval_block_mask(tree_ends) if tree_block_mask is None else tree_block_mask
         out = flex_tree_attention(query, key, value, mask, scale)
     elif kernel == "blockwise":
-        out = blockwise_attention(query, key, value, tree_ends, scale)
+        out = blockwise_attention(query, key, value, tree_ends, scale, plan=tree_blocks)
     else:
         raise BfspoError(f"unknown tree attention kernel {kernel!r}; expected one of {KERNELS}")
     return out.transpose(1, 2).contiguous(), None
@@ -318,9 +367,11 @@ def tree_attention_mode(model):
 
 def tree_kwargs(ends: torch.Tensor, kernel: str) -> dict:
     """The keyword arguments that a model call passes on to its attention layers: the row's
-    intervals, the kernel (KERNELS) and, for flex, their BlockMask, built once per forward rather
-    than once per layer."""
+    intervals, the kernel (KERNELS) and the kernel's block structure (flex: the BlockMask;
+    blockwise: the BlockPlan), built once per forward rather than once per layer."""
     kwargs = {"tree_ends": ends, "tree_kernel": kernel}
     if kernel == "flex":
         kwargs["tree_block_mask"] = interval_block_mask(ends)
+    elif kernel == "blockwise":
+        kwargs["tree_blocks"] = BlockPlan(ends)
     return kwargs

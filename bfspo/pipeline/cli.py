@@ -41,7 +41,9 @@ def assumptions_text() -> str:
         f"tree, 6N (4N without checkpointing) for the update of the kept ones, at {a.train_mfu:.0%} MFU",
         f"  decoding (vLLM): roofline of a decode step at {a.decode_bandwidth:.0%} of HBM bandwidth and "
         f"{a.decode_mfu:.0%} MFU, concurrency min(max_num_seqs, what the KV cache holds)",
-        f"  groups with signal {a.keep_fraction:.0%}; an expansion regenerates {a.expansion_share:.0%} of a chain; "
+        f"  groups with signal 1 - p^n - (1 - p)^n (n = G, or G (K + 1) leaves under filter all_leaves), per-sample "
+        f"accuracy p {', '.join(f'{k} {v:.3f}' for k, v in a.sample_accuracy)}; under first_samples only the trees "
+        f"that pass are expanded; an expansion regenerates {a.expansion_share:.0%} of a chain; "
         f"answers {', '.join(f'{k} {v:.2f}' for k, v in a.answer_fraction)} x budget",
         f"  served LoRA adapters decode {a.lora_decode_overhead:.0%} slower; each engine call (K + 1 waves per "
         f"generation round, one per evaluation batch) ends with a tail of (budget - mean answer) decode steps at "
@@ -65,8 +67,8 @@ def train_line(p: TrainPlan) -> str:
     return (f"train {p.run}: {p.gpus * p.nodes} GPU | peak {g(p.memory.peak)}/{g(p.gpu_mem)} GiB ({p.memory.phase}) = "
             f"{_terms(p.memory.terms)} | update: vLLM asleep {g(p.peak_asleep)}, resident {g(p.peak_resident)}; "
             f"activations@{p.micro_batch_tokens} {g(p.activations_checkpointed)} checkpointed, "
-            f"{g(p.activations_full)} not{vllm} | {p.decode_tok_s / 1e3:.1f}k tok/s; {p.generated_tokens / 1e6:.1f}M "
-            f"generated, {p.trained_tokens / 1e6:.1f}M trained per step: {p.step_s / 60:.1f} min "
+            f"{g(p.activations_full)} not{vllm} | {p.decode_tok_s / 1e3:.1f}k tok/s; groups with signal {p.signal:.0%}, "
+            f"{p.generated_chains:,.0f} chains and {p.generated_tokens / 1e6:.1f}M tokens generated, {p.trained_tokens / 1e6:.1f}M trained per step: {p.step_s / 60:.1f} min "
             f"({', '.join(f'{k} {v / 60:.1f}' for k, v in p.step_parts.items())}; {p.waves} waves, "
             f"{p.preempted:.0%} preempted) x {p.steps} + {p.start_s / 60:.1f} min start per attempt = "
             f"{p.gpu_hours:.0f} GPU-h | checkpoint {p.checkpoint_bytes / 1e6:.0f} MB every {p.save_every} | "

@@ -30,6 +30,7 @@ from bfspo.pipeline.matrix import Matrix
 from bfspo.pipeline.memory import GIB
 from bfspo.pipeline.shapes import Shape, load_shape
 from bfspo.pipeline.throughput import (ASSUMPTIONS, Assumptions, chain_tokens_factor, decode_tokens_per_s,
+                                       expanded_share, generated_chain_tokens, signal_rate,
                                        forward_s, generation_rounds, preempted_share, recompute_tokens, start_s,
                                        wave_tail_s)
 
@@ -91,6 +92,8 @@ class TrainPlan:
     gpu_hours: float
     decode_tok_s: float
     concurrency: float  # sequences vLLM decodes at once: max_num_seqs, or what its KV cache holds
+    signal: float  # share of generated groups that pass the filter (throughput.signal_rate)
+    generated_chains: float  # per step, all ranks: G first answers per generated tree, K G more per expanded one
     generated_tokens: float  # per step, all ranks
     trained_tokens: float  # per step, all ranks
     checkpoint_bytes: int
@@ -194,7 +197,9 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
         vllm_total = vllm_weights = vllm_kv = asleep = awake = 0
     kv_one = max_model_len * memory.kv_cache_per_token(s, b)
     base = {"weights": weights, "LoRA+AdamW": lora, "CUDA": CUDA_CONTEXT}
-    update = base | {f"activations@{T}": act, "logits": logits}
+    update = base | {f"activations@{T}": act,
+                     "logits": memory.update_logits(s, T, b, cfg.lora_r, targets, cfg.gradient_checkpointing,
+                                                    HEAD_CHUNK_ROWS)}
     rollout = base | {f"forward@{T}": memory.forward_activations(s, T, b), "logits": logits}
     if vllm:
         rollout |= {"vLLM": awake}
@@ -207,16 +212,20 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
     mem_plan = Memory(terms=phases[peak_phase], peak=sum(phases[peak_phase].values()), phase=peak_phase)
 
     # time, per rank
-    round_shares = generation_rounds(a.keep_fraction, cfg.oversample, cfg.max_gen_rounds)
+    keep = signal_rate(cfg.group_size, cfg.k, cfg.filter, a.accuracy(cfg.benchmark))
+    round_shares = generation_rounds(keep, cfg.oversample, cfg.max_gen_rounds)
     rounds = sum(round_shares)
     chains_per_tree = cfg.group_size * (cfg.k + 1)
     answer = a.answer_tokens(cfg.benchmark, cfg.budget)
     tree_tokens = cfg.group_size * (cfg.k + 1) * answer * chain_tokens_factor(cfg.k, a)
     trees_trained = cfg.train_batch_chains / chains_per_tree
     trees_generated = trees_trained * rounds
-    generated = trees_generated * tree_tokens
+    expanded = expanded_share(cfg.k, cfg.filter, keep)
+    generated_chains = trees_generated * cfg.group_size * (1 + expanded * cfg.k)
+    generated_per_tree = answer * generated_chain_tokens(cfg.group_size, cfg.k, expanded, a)
+    generated = trees_generated * generated_per_tree
     trained = trees_trained * (prompt_mean + tree_tokens)
-    rescored = trees_generated * (prompt_mean + tree_tokens)
+    rescored = trees_generated * (prompt_mean + generated_per_tree)
     concurrency = max_num_seqs
     preempted = 0.0
     if vllm and vllm_kv > 0:
@@ -226,7 +235,7 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
     context = prompt_mean + answer / 2
     decode_tps = decode_tokens_per_s(s, max(concurrency, 1), context, a, b, lora=True)
     waves = len(round_shares) * (cfg.k + 1)  # engine calls per step: K + 1 lockstep waves per round
-    sequences = trees_generated * chains_per_tree / world
+    sequences = generated_chains / world
     parts = {"decode": generated / world / decode_tps,
              "tail": waves * wave_tail_s(s, cfg.budget, answer, max(concurrency, 1), context, a, b, lora=True),
              "prefill": forward_s(s, trees_generated * prompt_mean / world, 2, a),  # once per question
@@ -252,7 +261,8 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
         vllm_weights=vllm_weights, vllm_kv=vllm_kv, kv_one_sequence=kv_one, max_model_len=max_model_len,
         peak_asleep=sum(update.values()) + asleep, peak_resident=sum(update.values()) + awake,
         peak_rollout=sum(rollout.values()), memory=mem_plan, step_s=step_s, step_parts=parts, steps=cfg.steps,
-        gpu_hours=gpu_hours, decode_tok_s=decode_tps, concurrency=concurrency, generated_tokens=generated,
+        gpu_hours=gpu_hours, decode_tok_s=decode_tps, concurrency=concurrency, signal=keep,
+        generated_chains=generated_chains, generated_tokens=generated,
         trained_tokens=trained, checkpoint_bytes=ckpt_bytes, save_every=save_every, runtime_min=runtime_min,
         signal_s=signal_s, attempts=attempts, preempted=preempted, waves=waves, start_s=start,
         train_s=total_s)

@@ -138,6 +138,16 @@ def logits_chunk(s: Shape, rows: int, b: int) -> int:
     return rows * s.vocab * ((0 if b == 4 else b) + 3 * 4)
 
 
+def update_logits(s: Shape, tokens: int, b: int, r: int, targets, checkpointing: bool, rows: int) -> int:
+    """What the output head adds to the update's peak beyond `activations`: its chunk (`logits_chunk`)
+    lives after the layers' forward pass and before their backward pass, never beside a layer's
+    backward workspace w (`layer_backward_workspace`) nor, with checkpointing, beside a layer's
+    recomputed activations a (`layer_activations`), both of which `activations` counts:
+    max(0, logits_chunk - T w), or max(0, logits_chunk - T (a + w)) with checkpointing."""
+    apart = layer_backward_workspace(s, b) + (layer_activations(s, b, r, targets) if checkpointing else 0)
+    return max(0, logits_chunk(s, rows, b) - tokens * apart)
+
+
 def kv_cache_per_token(s: Shape, b: int = 2) -> int:
     """vLLM's KV cache per token: keys and values of every layer: 2 L kv b."""
     return 2 * s.layers * s.kv_dim * b

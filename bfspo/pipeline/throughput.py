@@ -24,9 +24,17 @@ the measured rates beside these). The sources:
   Minerva 553-623 of 1024). Prompt tokens: the characters of data/raw's questions / 3 (a
   pessimistic characters-per-token for mixed prose and LaTeX), plus 60 tokens of chat template and
   instruction; the mean, and the longest (which, with the budget, sets vLLM's max_model_len).
-- Dynamic sampling: half of the generated groups carry signal (mixed right and wrong answers);
-  BFS-PO's expansions regenerate half a chain each (they branch at the highest-entropy token of
-  the best path, on average half-way).
+- Dynamic sampling: a group carries signal when its answers are mixed, right and wrong
+  (`signal_rate`): with independent samples of accuracy p, a group of n answers does with
+  probability 1 - p^n - (1 - p)^n, n = G for DAPO and for BFS-PO's `first_samples` filter, and n =
+  G (K + 1) leaves for `all_leaves` (expansions continue prefixes of the first answers, so their
+  outcomes correlate: an upper bound, measured on the toy by bench/bench_filter_cost.py). p per
+  train set: the zero-shot accuracy that the paper reports for the models it trains on that set
+  (data/reported_results.csv, greedy: GSM8K 83.7 / 86.2 / 91.4 for Qwen2.5-3B, Llama-3.1-8B,
+  Qwen2.5-7B, mean 87.1%; MATH-500 48.6 / 72.8 for Llama-3.1-8B, Qwen2.5-7B, mean 60.7%, for the
+  MATH train set). Under `first_samples` a tree whose first answers lack signal is not expanded:
+  its expansions are generated only for the trees that pass. BFS-PO's expansions regenerate half
+  a chain each (they branch at the highest-entropy token of the best path, on average half-way).
 - Fixed costs: 3 minutes to start a job (load the model, build the trainer); 30 s per training
   step (adapter hand-over to vLLM, sleep and wake-up, logging).
 
@@ -56,6 +64,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from bfspo.algorithm.advantages import FILTERS
+from bfspo.errors import BfspoError
 from bfspo.pipeline.memory import kv_cache_per_token, matmul_params
 from bfspo.pipeline.shapes import Shape
 
@@ -78,7 +88,9 @@ class Assumptions:
     train_mfu: float = 0.30
     decode_mfu: float = 0.40
     decode_bandwidth: float = 0.60  # fraction of HBM bandwidth a decode step achieves
-    keep_fraction: float = 0.5  # groups with signal, of those generated
+    # per-sample accuracy p of the policy on each train set (`signal_rate`; the module doc's source)
+    sample_accuracy: tuple = (("gsm8k_train", 0.871), ("math_train", 0.607))
+    default_sample_accuracy: float = 0.5
     expansion_share: float = 0.5  # tokens an expansion generates, as a share of a whole chain
     job_start_s: float = 180.0
     engine_start_s: float = 90.0  # vLLM: profiling, torch.compile, CUDA graph capture (every vLLM job)
@@ -105,6 +117,9 @@ class Assumptions:
     def prompt(self, benchmark: str) -> tuple[int, int]:
         """(mean, longest) prompt tokens of a benchmark."""
         return dict(self.prompt_tokens).get(benchmark, self.default_prompt_tokens)
+
+    def accuracy(self, benchmark: str) -> float:
+        return dict(self.sample_accuracy).get(benchmark, self.default_sample_accuracy)
 
     def n_questions(self, benchmark: str) -> int:
         return dict(self.questions).get(benchmark, self.default_questions)
@@ -163,6 +178,28 @@ def forward_s(s: Shape, tokens: float, flops_per_param: int, a: Assumptions = AS
     return flops_per_param * matmul_params(s) * tokens / (a.train_mfu * a.hardware.flops)
 
 
+def signal_rate(group_size: int, k: int, filter: str, accuracy: float) -> float:
+    """The share of generated groups that pass the dynamic-sampling filter (Eq. 2, 0 < #correct < n)
+    when each answer is right with probability p = `accuracy`, independently:
+
+        P(signal) = 1 - p^n - (1 - p)^n,   n = G for K = 0 or filter "first_samples", G (K + 1) for "all_leaves"
+    """
+    if filter not in FILTERS:
+        raise BfspoError(f"unknown filter {filter!r}; expected one of {FILTERS}")
+    if not 0.0 <= accuracy <= 1.0:
+        raise BfspoError(f"a per-sample accuracy is a probability, got {accuracy}")
+    n = group_size * (k + 1) if filter == "all_leaves" else group_size
+    return 1.0 - accuracy ** n - (1.0 - accuracy) ** n
+
+
+def expanded_share(k: int, filter: str, keep: float) -> float:
+    """The share of generated trees that BFS-PO expands: all of them under "all_leaves", those whose
+    first answers pass under "first_samples" (the others stop before the search); none for K = 0."""
+    if k == 0:
+        return 0.0
+    return keep if filter == "first_samples" else 1.0
+
+
 def generation_rounds(keep: float, oversample: float, max_rounds: int) -> list[float]:
     """Questions generated in each round, per question needed (bfspo/training/batching.py `fill`):
     each round asks for `oversample` times the missing ones, of which a share `keep` carries signal:
@@ -187,6 +224,12 @@ def chain_tokens_factor(k: int, a: Assumptions = ASSUMPTIONS) -> float:
     """Generated tokens per chain, as a share of a whole chain: 1 for DAPO; a BFS-PO tree of
     G (K + 1) chains generates G whole chains and K G partial ones: (1 + K beta) / (1 + K)."""
     return (1 + k * a.expansion_share) / (1 + k)
+
+
+def generated_chain_tokens(group_size: int, k: int, expanded: float, a: Assumptions = ASSUMPTIONS) -> float:
+    """Generated tokens per generated tree, in whole chains: its G first answers, and K G expansions
+    of beta of a chain each for the `expanded` share of trees that are searched: G (1 + e K beta)."""
+    return group_size * (1 + expanded * k * a.expansion_share)
 
 
 def ceil_div(a: float, b: float) -> int:

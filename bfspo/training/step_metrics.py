@@ -6,9 +6,10 @@ One row goes both to metrics.jsonl and to W&B, with the same keys:
 - `rollout/`: reward, accuracy and length of the first samples (Alg. 1 line 2; the G answers DAPO
   would also sample), with their spread, the shortest, the mean length of the finished ones (ended
   with EOS), the fraction cut off at the budget, the length reward R_l (Eq. 3) as its own term,
-  entropy, dynamic-sampling counts (and the fraction of groups filtered out) and token counts; the
-  engine's occupancy (the mean sequences it decoded per engine step over the most it can,
-  vLLM's max_num_seqs or the transformers engine's rollout_batch_size) and its engine steps;
+  entropy, dynamic-sampling counts (the fraction of groups filtered out, the chains generated against
+  `chains` trained on) and token counts; the engine's occupancy (the mean sequences it decoded per
+  engine step over the most it can, vLLM's max_num_seqs or the transformers engine's
+  rollout_batch_size) and its engine steps;
 - `tree/`: depth, backtracks and their depth, branching nodes and the tied ones (children with
   equal branch advantages: no signal at that node);
 - `advantage/`: mean, std, min, max and fraction zero of the token advantages trained on;
@@ -42,6 +43,7 @@ SECTIONS = {
     "best_len_mean": "rollout/best_len_mean", "entropy_mean": "rollout/entropy_mean",
     "entropy_max": "rollout/entropy_max", "groups_kept": "rollout/groups_kept",
     "groups_filtered": "rollout/groups_filtered", "filtered_frac": "rollout/filtered_frac", "gen_rounds": "rollout/gen_rounds", "chains": "rollout/chains",
+    "chains_generated": "rollout/chains_generated",
     "questions_generated": "rollout/questions_generated", "questions_kept": "rollout/questions_kept",
     "trees": "rollout/trees", "chains_target": "rollout/chains_target", "batch_full": "rollout/batch_full",
     "tokens_unique": "rollout/tokens_unique", "tokens_total": "rollout/tokens_total",
@@ -71,7 +73,7 @@ TRAIN_DEFAULTS = {k: float("nan") for k in ("loss", "grad_norm", "clip_frac", "c
                                             "ratio_mean", "ratio_max", "approx_kl", "old_logprobs_s")}
 TRAIN_DEFAULTS |= {"optimizer_steps": 0, "skipped_steps": 0}
 # statistics summed over ranks, and those whose maximum or minimum is kept; the others are averaged
-SUMMED = frozenset({"groups_kept", "groups_filtered", "chains", "tokens_unique", "tokens_total", "rollout_tokens",
+SUMMED = frozenset({"groups_kept", "groups_filtered", "chains", "chains_generated", "tokens_unique", "tokens_total", "rollout_tokens",
                     "backtracks", "branching_nodes", "tied_branching_nodes", "verify_timeouts"})
 MAXED = frozenset({"len_max", "tree_depth_max", "gen_rounds", "entropy_max", "adv_max"})
 MINNED = frozenset({"len_min", "adv_min"})

@@ -242,6 +242,7 @@ class Trainer:
         # log_step sums chains and the group counts over ranks and averages the rest: the other
         # batch statistics are the global ones, the same on every rank.
         stats.update(batching.merge_ranks(dist.gather(mine)), chains=mine["chains"], groups_kept=len(filled.kept),
+                     chains_generated=sum(len(t.leaves()) for t in filled.generated),
                      groups_filtered=len(filled.generated) - len(filled.kept),
                      tokens_unique=sum(t.n_tokens for t in batch), tokens_total=sum(t.n_chain_tokens for t in batch),
                      rollout_tokens=sum(t.n_tokens for t in filled.generated), verify_timeouts=timeouts() - missed,
