@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,7 @@ def test_train_on_a_full_disk_is_a_named_error_and_never_finished(tiny_model_dir
                                                                   capsys, name):
     out = tmp_path / "run"
     full_disk_at(monkeypatch, lambda p: p.name == name if not name.endswith(".") else p.name.startswith(name))
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     assert main(["train", "--output-dir", str(out), "--set", f"model={tiny_model_dir}", f"train_data={train_data}",
                  "benchmark=gsm8k_train", "k=0", "group_size=4", "budget=8", "steps=1", "train_batch=4",
                  "mini_batch=4", "log_trees=1", "max_empty_steps=50", "wandb_mode=disabled"]) == 2
@@ -166,6 +168,8 @@ def test_train_on_a_full_disk_is_a_named_error_and_never_finished(tiny_model_dir
     target = out / "trees" / "step_00001.jsonl" if name.endswith(".") else out / name
     assert f"error: {target}: writing it failed (No space left on device)" in err and "Traceback" not in err
     assert not (out / "done.json").exists()
+    # a run that fails gives its caller's signal handlers back (a later test's vLLM engine checks SIGUSR1's)
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
     if (out / "metrics.jsonl").exists():
         assert all(line.endswith("}") for line in (out / "metrics.jsonl").read_text().splitlines())
 

@@ -333,7 +333,8 @@ def test_an_advantage_variant_is_one_table_entry_and_a_few_config_lines(tmp_path
     run = "toy_toy_leaf-adv_s0"
     settings = jobs.train_settings(m, run)
     assert "--set" in jobs.train_args(m, run) and "advantage=leaf" in jobs.train_args(m, run)
-    (problem,) = plan_problems({run: settings}, [])
+    built = (settings["model"],)  # the toy model, which the workflow builds (absent in a fresh clone)
+    (problem,) = plan_problems({run: settings}, [], built)
     assert "advantage must be one of ('branch', 'global'), got 'leaf'" in problem and run in problem
     with pytest.raises(BfspoError, match="unknown advantage 'leaf'"):
         advantages.assign_advantages(SearchTree(prompt_ids=[1], budget=8), "leaf")
@@ -341,7 +342,7 @@ def test_an_advantage_variant_is_one_table_entry_and_a_few_config_lines(tmp_path
     namespace = {}
     exec(LEAF_ADVANTAGE, namespace)
     try:
-        assert plan_problems({run: settings}, []) == []
+        assert plan_problems({run: settings}, [], built) == []
     finally:
         advantages.ADVANTAGES.pop("leaf")
 

@@ -370,40 +370,42 @@ class Trainer:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
         previous = {s: signal.signal(s, on_stop_signal) for s in (signal.SIGTERM, signal.SIGUSR1)}
-        while self.step < cfg.steps:
-            self.step += 1
-            t0 = time.perf_counter()
-            batch, generated, roll = self.rollout()
-            t1 = time.perf_counter()
-            if dist.sum_scalar(len(batch)) == 0:
-                self.empty_steps += 1
-                if self.empty_steps >= cfg.max_empty_steps:
-                    raise BfspoError(f"step {self.step}: every tree of the last {self.empty_steps} batches was "
-                                     "filtered out (all answers right or all wrong); the data gives no signal "
-                                     "for this model")
-                upd = {"loss": float("nan"), "optimizer_steps": 0, "nonfinite": self.nonfinite}
-            else:
-                self.empty_steps = 0
-                self.engine.sleep()
-                upd = self.update(batch)
-                self.engine.wake_up()
-                self.engine.sync_weights(self.model)
-            t2 = time.perf_counter()
-            val = self.validate() if self.validation_due() else {}
-            row = self.log_step(roll, upd | val, generated, t1 - t0, t2 - t1, time.perf_counter() - t2, run)
-            stop = dist.sum_scalar(len(terminated)) > 0  # every rank stops at the same step
-            if self.checkpoint_due() or stop:
-                self.save_checkpoint()
-            bar.update(1)
-            if self.rank == 0:
-                console.line(step_metrics.step_line(row, cfg.steps))
-            if stop:
-                cause = signal.Signals(terminated[0]).name if terminated else "a stop signal to another rank"
-                console.line(f"{cause}: stopped after step {self.step}, checkpoint saved; "
-                             "the same command resumes the run")
-                raise SystemExit(128 + signal.SIGTERM)
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        try:  # the handlers are this run's only: an error or a stop gives the caller its own back
+            while self.step < cfg.steps:
+                self.step += 1
+                t0 = time.perf_counter()
+                batch, generated, roll = self.rollout()
+                t1 = time.perf_counter()
+                if dist.sum_scalar(len(batch)) == 0:
+                    self.empty_steps += 1
+                    if self.empty_steps >= cfg.max_empty_steps:
+                        raise BfspoError(f"step {self.step}: every tree of the last {self.empty_steps} batches was "
+                                         "filtered out (all answers right or all wrong); the data gives no signal "
+                                         "for this model")
+                    upd = {"loss": float("nan"), "optimizer_steps": 0, "nonfinite": self.nonfinite}
+                else:
+                    self.empty_steps = 0
+                    self.engine.sleep()
+                    upd = self.update(batch)
+                    self.engine.wake_up()
+                    self.engine.sync_weights(self.model)
+                t2 = time.perf_counter()
+                val = self.validate() if self.validation_due() else {}
+                row = self.log_step(roll, upd | val, generated, t1 - t0, t2 - t1, time.perf_counter() - t2, run)
+                stop = dist.sum_scalar(len(terminated)) > 0  # every rank stops at the same step
+                if self.checkpoint_due() or stop:
+                    self.save_checkpoint()
+                bar.update(1)
+                if self.rank == 0:
+                    console.line(step_metrics.step_line(row, cfg.steps))
+                if stop:
+                    cause = signal.Signals(terminated[0]).name if terminated else "a stop signal to another rank"
+                    console.line(f"{cause}: stopped after step {self.step}, checkpoint saved; "
+                                 "the same command resumes the run")
+                    raise SystemExit(128 + signal.SIGTERM)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
         bar.close()
         if self.rank == 0:
             self.finish()
