@@ -140,7 +140,9 @@ def trl_child(args) -> int:
             max_grad_norm=s["max_grad_norm"], optim="adamw_torch", loss_type="dapo", beta=0.0,
             epsilon=s["eps_low"], epsilon_high=s["eps_high"], scale_rewards="group", max_steps=s["steps"],
             logging_steps=1, save_strategy="no", report_to="none", seed=args.seed, data_seed=args.seed,
-            use_cpu=device.type == "cpu", bf16=False, fp16=False, disable_tqdm=True, use_vllm=False,
+            # GRPOConfig's defaults that differ from the project's: gradient checkpointing on, bf16 on
+            use_cpu=device.type == "cpu", gradient_checkpointing=False, bf16=False, fp16=False,
+            disable_tqdm=True, use_vllm=False,
             dataloader_num_workers=0)
         lora = LoraConfig(r=s["lora_r"], lora_alpha=s["lora_alpha"], lora_dropout=s["lora_dropout"],
                           target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
@@ -199,7 +201,10 @@ def summarise(run: dict, warmup: int) -> dict:
 
 
 def spread(xs: list[float]) -> str:
-    return f"{statistics.median(xs):.3g} [{min(xs):.3g}, {max(xs):.3g}]"
+    """median [min, max], to 3 significant digits (whole numbers from 100 on)."""
+    def fmt(x: float) -> str:
+        return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+    return f"{fmt(statistics.median(xs))} [{fmt(min(xs))}, {fmt(max(xs))}]"
 
 
 def table(summaries: dict[str, list[dict]]) -> str:
