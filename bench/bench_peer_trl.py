@@ -62,10 +62,12 @@ def hide_vllm() -> None:
 
 def shared_settings(args) -> dict:
     """The TrainConfig fields both sides get, by their project names."""
+    from bfspo.algorithm.loss import EPS_HIGH, EPS_LOW
+
     return dict(model=args.model, train_data=args.data, benchmark=args.benchmark, group_size=args.group,
                 batch_unit="prompts", train_batch=args.questions, mini_batch=args.questions, budget=args.budget,
                 temperature=args.temperature, top_p=1.0, lr=args.lr, weight_decay=0.01, max_grad_norm=1.0,
-                eps_low=0.2, eps_high=0.28, lora_r=8, lora_alpha=16, lora_dropout=0.0, steps=args.steps,
+                eps_low=EPS_LOW, eps_high=EPS_HIGH, lora_r=8, lora_alpha=16, lora_dropout=0.0, steps=args.steps,
                 threads=args.threads, device=args.device, overlong=True, overlong_window="paper")
 
 
