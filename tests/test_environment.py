@@ -85,6 +85,31 @@ def test_pyprojects_pins_resolve_within_each_lock(kind, tmp_path):
         assert chosen == locked
 
 
+# What the `bench` extra (TRL) may add beside the CPU lock: TRL and its packages the lock lacks.
+BENCH_ADDS = {"trl", "datasets", "pyarrow", "multiprocess"}
+
+
+@pytest.mark.slow
+def test_the_bench_extra_installs_beside_the_cpu_lock(tmp_path):
+    """`make bench-peer-setup` (pyproject's CPU set plus the bench extra, the lock as constraints) keeps
+    every locked package at its version and adds only TRL and the few packages it needs that the lock
+    lacks (needs the package registry; about 10 s)."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    path = tmp_path / "requirements.txt"
+    path.write_text("\n".join(direct_pins("cpu") + extras["bench"] + ["pip"]) + "\n")
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                           "--report", str(report), "-r", str(path), "-c", str(ROOT / LOCKS["cpu"][0])],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    chosen = pins(f"{item['metadata']['name']}=={item['metadata']['version']}"
+                  for item in json.loads(report.read_text())["install"])
+    locked = pins(lock_list("cpu"))
+    assert {name: version for name, version in chosen.items() if name in locked} == locked
+    assert set(chosen) - set(locked) <= BENCH_ADDS, f"the bench extra adds {sorted(set(chosen) - set(locked))}"
+    assert chosen["trl"] == pins(extras["bench"])["trl"]
+
+
 # The CUDA build of torch that vllm==0.32.0 pins (torch==2.13.0): its wheels on PyPI are built for
 # CUDA 13.0 (they require cuda-toolkit 13.0), which needs an NVIDIA driver >= 580 (docs/gpu-plan.md).
 # A local version (torch 2.13.0+cpu) is a CPU build: these checks never strip it.

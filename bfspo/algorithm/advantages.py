@@ -32,7 +32,8 @@ from bfspo.algorithm.tree import SearchTree
 
 EPS = 1e-6
 # Readings of the dynamic-sampling filter (docs/algorithm.md, "Dynamic sampling"); the first is the default.
-FILTERS = ("all_leaves", "first_samples")
+# "none" keeps every tree, as TRL's GRPOTrainer does (bench/bench_peer_trl.py's all-groups arms).
+FILTERS = ("all_leaves", "first_samples", "none")
 
 
 def group_advantages(rewards: Sequence[float], eps: float = EPS) -> list[float]:
@@ -141,13 +142,17 @@ def keep_tree(tree: SearchTree, filter: str = "all_leaves") -> bool:
     * "all_leaves": keep iff 0 < #correct leaves < #leaves, over every leaf of the tree;
     * "first_samples": keep iff 0 < #correct < G over the G first answers only (DAPO's group, before
       any expansion). `build_trees(..., filter="first_samples")` applies the same test after line 2
-      and does not expand a tree that fails it.
+      and does not expand a tree that fails it;
+    * "none": keep every tree (no dynamic sampling: a tree without signal is trained with zero
+      advantages, its tokens still counted in the token-mean, as TRL's GRPOTrainer does).
 
     At K = 0 both are exactly DAPO's constraint. With +-1 rewards (no overlong term) "all_leaves" is
     the same as "the leaf rewards are not all equal", i.e. the tree carries a signal.
     """
     if filter not in FILTERS:
         raise BfspoError(f"unknown filter {filter!r}; expected one of {FILTERS}")
+    if filter == "none":
+        return True
     leaves = tree.leaves() if filter == "all_leaves" else first_samples(tree)
     correct = sum(tree.segments[i].leaf.correct for i in leaves)
     return 0 < correct < len(leaves)

@@ -93,6 +93,7 @@ class TrainConfig:
         "help": "Dynamic sampling, DAPO's 0 < #correct < G (Eq. 2) read on a tree: 'all_leaves' keeps a tree iff "
                 "some but not all of its leaves are correct; 'first_samples' applies it to the G first answers, "
                 "before the search, and does not expand a tree that fails it (docs/algorithm.md). Same at K = 0. "
+                "'none' keeps every tree (no dynamic sampling, as TRL's GRPOTrainer; bench/bench_peer_trl.py). "
                 "config/paper.yaml sets 'first_samples' (the toy breakdown study); the default is the reading "
                 "the recorded toy results were trained with."})
     budget: int = field(default=512, metadata={
