@@ -14,18 +14,14 @@ vLLM starts worker processes by spawn: hence the `__main__` guard.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from bench.common import print_table
+from bench.common import print_table, train_metrics
 
 ENGINES = ("transformers", "vllm")
 
@@ -64,13 +60,7 @@ def rl_step_times(engine_name: str, args, out_dir: Path) -> tuple[float, float]:
     values = dict(model=args.model, train_data=args.data, benchmark="toy", budget=args.budget, k=3, group_size=8,
                   train_batch=64, mini_batch=32, lr=2e-3, steps=args.steps, save_every=args.steps,
                   threads=1, log_trees=False, engine=engine_name)
-    cmd = [sys.executable, "-m", "bfspo.cli", "train", "--output-dir", str(out_dir),
-           "--set", *[f"{k}={v}" for k, v in values.items()]]
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"bfspo train with engine {engine_name} failed:\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()][1:]
+    rows = train_metrics(values, out_dir)[1:]
     return statistics.median(r["rollout_s"] for r in rows), statistics.median(r["train_s"] for r in rows)
 
 

@@ -19,15 +19,11 @@ bfspo.pipeline.throughput.signal_rate at the step's measured first-sample accura
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import print_table
+from bench.common import print_table, train_metrics
 from bfspo.pipeline.throughput import signal_rate
 
 ARMS = (("dapo-g16", 16, 0, "first_samples"), ("bfspo-g4-first", 4, 3, "first_samples"),
@@ -41,13 +37,7 @@ def run_arm(args, out_dir: Path, group: int, k: int, filter: str) -> list[dict]:
                   train_batch=args.chains, mini_batch=args.chains, filter=filter, oversample=3.0, max_gen_rounds=10,
                   lr=2e-3, steps=args.steps, save_every=args.steps, threads=1, log_trees=0, seed=args.seed,
                   engine="transformers")
-    cmd = [sys.executable, "-m", "bfspo.cli", "train", "--output-dir", str(out_dir),
-           "--set", *[f"{key}={v}" for key, v in values.items()]]
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"bfspo train ({out_dir.name}) failed:\n{proc.stderr[-3000:]}")
-    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return train_metrics(values, out_dir)
 
 
 def main() -> None:

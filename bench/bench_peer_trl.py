@@ -48,6 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import train_command
+
 ROOT = Path(__file__).resolve().parents[1]
 # arm -> (K, dynamic-sampling filter); None: TRL
 ARMS = {"trl": None, "dapo": (0, "all_leaves"), "dapo-all": (0, "none"),
@@ -77,8 +79,7 @@ def project_command(args, arm: str, seed: int, out_dir: Path) -> list[str]:
                                             oversample=1.0 if filter_ == "none" else args.oversample,
                                             rollout_batch_size=max(64, (k + 1) * args.group * args.questions),
                                             save_every=args.steps, log_trees=0, val_every=0, wandb_mode="disabled")
-    return [sys.executable, "-m", "bfspo.cli", "train", "--output-dir", str(out_dir),
-            "--set", *(f"{key}={value}" for key, value in settings.items())]
+    return train_command(settings, out_dir)
 
 
 def project_result(out_dir: Path, on_gpu: bool) -> dict:

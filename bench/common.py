@@ -7,8 +7,13 @@ taken with CUDA events.
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -84,3 +89,18 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
     print("|" + "---|" * len(header))
     for row in rows:
         print("| " + " | ".join(f"{x:.3g}" if isinstance(x, float) else str(x) for x in row) + " |")
+
+
+def train_command(settings: dict, out_dir: Path) -> list[str]:
+    """`bfspo train` in this Python, with `settings` (TrainConfig fields) as its --set values."""
+    return [sys.executable, "-m", "bfspo.cli", "train", "--output-dir", str(out_dir),
+            "--set", *(f"{key}={value}" for key, value in settings.items())]
+
+
+def train_metrics(settings: dict, out_dir: Path) -> list[dict]:
+    """The metrics.jsonl rows of a `bfspo train` run (one thread, W&B off); exits naming the run if it fails."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(train_command(settings, out_dir), env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bfspo train ({out_dir.name}) failed:\n{proc.stderr[-3000:]}")
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
