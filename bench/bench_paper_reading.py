@@ -1,0 +1,99 @@
+"""BFS-PO against DAPO at config/paper.yaml's exact reading, on both engines (issue 32, first "Done when").
+
+paper.yaml trains DAPO at G = 16 and BFS-PO (its methods' `train: &trees`) at K = 3 with G = 4, so that a
+tree is (K + 1) G = 16 chains, one DAPO group; both with `filter: first_samples`, oversample 3 and up to
+10 generation rounds. Here both arms get the same `--chains` chains per batch and per optimizer step
+(`train_batch` = `mini_batch`, counted in chains): with 64 chains, 4 DAPO groups against 4 BFS-PO trees,
+equal questions and chains per optimizer step. Everything else (model, questions, budget, lr, LoRA,
+steps, threads) is the same.
+
+Arms, per engine (`transformers`, `vllm` with its default `rollout: auto`, streamed on vLLM):
+  dapo   K = 0, G = 16;
+  bfspo  K = 3, G = 4.
+Rounds are interleaved: round r runs every engine x arm once with seed r, in an order reversed every
+other round, each `bfspo train` its own process (1 thread), so a load change on the shared cores hits
+the arms alike. Per run, the median over steps 2.. (step 1 warms up) of what metrics.jsonl logs:
+seconds per optimizer step (`timing/step_s`) and its parts: rollout (on vLLM it includes the
+rescoring, the training side's forwards over the samples: `rescore s`), old log-probs (0: they come
+with the rollout), update (on vLLM it includes the engine's sleep, wake-up and weight sync); then
+generation rounds, questions and chains generated, tokens generated, tokens trained (per chain,
+flat) and unique (tree-packed, what the update forwards).
+The table gives per engine and arm the median over rounds, and per engine the paired ratio
+DAPO / BFS-PO of seconds per step in each round: its median and [min, max].
+
+    python -m bench.bench_paper_reading --model results/toy/model --data results/toy/data/rl_train.jsonl
+
+vLLM starts worker processes by spawn: hence the `__main__` guard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import print_table, train_metrics
+
+ENGINES = ("transformers", "vllm")
+ARMS = {"dapo": (0, 16), "bfspo": (3, 4)}  # arm -> (K, G)
+# column -> metrics.jsonl key, each the median over a run's steps after the first
+KEYS = {"step s": "timing/step_s", "rollout s": "timing/rollout_s", "old logprobs s": "timing/old_logprobs_s",
+        "update s": "timing/update_s", "rescore s": "timing/rescore_s", "gen rounds": "rollout/gen_rounds",
+        "questions generated": "rollout/questions_generated", "chains generated": "rollout/chains_generated",
+        "tokens generated": "rollout/tokens_generated", "tokens trained (flat)": "rollout/tokens_total",
+        "tokens trained (packed)": "rollout/tokens_unique"}
+
+
+def run(args, engine: str, arm: str, seed: int, out_dir: Path) -> dict:
+    """{column: median over steps 2..} of one `bfspo train` of `arm` on `engine`, plus its wall seconds."""
+    k, group = ARMS[arm]
+    values = dict(model=args.model, train_data=args.data, benchmark="toy", budget=args.budget, k=k, group_size=group,
+                  train_batch=args.chains, mini_batch=args.chains, filter="first_samples", oversample=3.0,
+                  max_gen_rounds=10, lr=2e-3, steps=args.steps, save_every=args.steps, threads=1, log_trees=0,
+                  val_every=0, seed=seed, engine=engine, wandb_mode="disabled")
+    start = time.perf_counter()
+    rows = train_metrics(values, out_dir)[1:]
+    out = {column: statistics.median(r.get(key, 0.0) for r in rows) for column, key in KEYS.items()}
+    out["wall s"] = time.perf_counter() - start
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="the toy model directory (bfspo toy build)")
+    p.add_argument("--data", required=True, help="toy questions (rl_train.jsonl of bfspo toy data)")
+    p.add_argument("--chains", type=int, default=64, help="chains per batch and per optimizer step")
+    p.add_argument("--budget", type=int, default=160)
+    p.add_argument("--steps", type=int, default=3, help="steps per run (the first is not counted)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    args = p.parse_args()
+    runs = {(engine, arm): [] for engine in args.engines for arm in ARMS}
+    order = list(runs)
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for engine, arm in order if r % 2 == 0 else order[::-1]:
+                result = run(args, engine, arm, r, Path(tmp) / f"{engine}-{arm}-{r}")
+                runs[engine, arm].append(result)
+                print(f"round {r} {engine} {arm}: " + ", ".join(f"{c} {v:.3g}" for c, v in result.items()), flush=True)
+    columns = list(KEYS) + ["wall s"]
+    print_table(f"BFS-PO (K = 3, G = 4) against DAPO (G = 16) at paper.yaml's reading: {args.chains} chains per "
+                f"optimizer step, first_samples, oversample 3, budget {args.budget}; medians over {args.rounds} "
+                f"rounds of the per-run median over steps 2-{args.steps}",
+                ["engine", "arm", *columns],
+                [[engine, arm, *(statistics.median(x[c] for x in results) for c in columns)]
+                 for (engine, arm), results in runs.items()])
+    rows = []
+    for engine in args.engines:
+        ratios = [d["step s"] / b["step s"] for d, b in zip(runs[engine, "dapo"], runs[engine, "bfspo"])]
+        rollout = [d["rollout s"] / b["rollout s"] for d, b in zip(runs[engine, "dapo"], runs[engine, "bfspo"])]
+        rows.append([engine, statistics.median(ratios), f"[{min(ratios):.3g}, {max(ratios):.3g}]",
+                     " ".join(f"{x:.3g}" for x in ratios), statistics.median(rollout)])
+    print_table("paired ratio DAPO / BFS-PO of seconds per optimizer step (> 1: BFS-PO faster)",
+                ["engine", "median", "[min, max]", "per round", "rollout s ratio (median)"], rows)
+
+
+if __name__ == "__main__":
+    main()
