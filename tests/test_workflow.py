@@ -407,7 +407,7 @@ def test_a_multi_node_class_launches_srun_and_torchrun_rendezvous(tmp_path):
     (lambda c: c["models"]["qwen2.5-7b"].update(tensor_parallel=2) or c["resources"]["8b"].update(gpus=4),
      "each rank runs its own rollout engine"),
     (lambda c: c["resources"]["3b"].update(ranks=2), "'ranks' is for CPU classes"),
-    (lambda c: c["resources"]["3b"].update(gpu_mem_gb=24), "train qwen2.5-3b_gsm8k_dapo_s0: needs"),
+    (lambda c: c["resources"]["3b"].update(gpu_mem_gb=22), "train qwen2.5-3b_gsm8k_dapo_s0: needs"),
 ])
 def test_settings_that_cannot_work_are_refused_at_plan_time(tmp_path, edit, named):
     proc = snakemake("-n", "--nolock", "--configfile", str(write_config(tmp_path, "config/paper.yaml", edit)))
