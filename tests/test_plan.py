@@ -411,7 +411,11 @@ def test_the_train_plan_adds_the_tail_the_recompute_and_the_start_of_every_attem
     p = gpu_plan.plan_matrix(m).train[run]
     assert set(p.step_parts) == {"decode", "tail", "prefill", "recompute", "rescore", "update", "overhead"}
     assert p.step_s == pytest.approx(sum(p.step_parts.values()))
-    assert p.waves == 4 and p.step_parts["tail"] > 0  # K + 1 = 4 waves in the one round that fills the batch
+    # streamed (vLLM's default rollout): one engine loop per step, one tail when it drains
+    assert p.waves == 1 and p.step_parts["tail"] > 0
+    lockstep = gpu_plan.plan_matrix(Matrix(paper(lambda c: c["train"].update(rollout="lockstep")))).train[run]
+    assert lockstep.waves == 4  # K + 1 = 4 waves in the one round that fills the batch, each with its tail
+    assert lockstep.step_parts["tail"] == pytest.approx(4 * p.step_parts["tail"])
     assert p.preempted == 0 and p.step_parts["recompute"] == 0  # 256 sequences fit the planned KV cache
     assert p.start_s == 180 + 90 + 120
     assert p.gpu_hours == pytest.approx((p.train_s + p.attempts * p.start_s) * 2 / 3600)

@@ -29,6 +29,7 @@ from bfspo.pipeline import jobs, memory
 from bfspo.pipeline.matrix import Matrix
 from bfspo.pipeline.memory import GIB
 from bfspo.pipeline.shapes import Shape, load_shape
+from bfspo.rollout.streamed import resolve_rollout
 from bfspo.pipeline.throughput import (ASSUMPTIONS, Assumptions, chain_tokens_factor, decode_tokens_per_s,
                                        expanded_share, generated_chain_tokens, signal_rate,
                                        forward_s, generation_rounds, preempted_share, recompute_tokens, start_s,
@@ -234,7 +235,9 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
         preempted = preempted_share(max_num_seqs, kv_tokens, prompt_mean + answer)
     context = prompt_mean + answer / 2
     decode_tps = decode_tokens_per_s(s, max(concurrency, 1), context, a, b, lora=True)
-    waves = len(round_shares) * (cfg.k + 1)  # engine calls per step: K + 1 lockstep waves per round
+    # engine calls per step, each ending with its tail: K + 1 lockstep waves per generation round, or
+    # one engine loop that trees and questions join as others finish (streamed), drained once
+    waves = 1 if resolve_rollout(cfg.rollout, cfg.engine) == "streamed" else len(round_shares) * (cfg.k + 1)
     sequences = generated_chains / world
     parts = {"decode": generated / world / decode_tps,
              "tail": waves * wave_tail_s(s, cfg.budget, answer, max(concurrency, 1), context, a, b, lora=True),

@@ -49,7 +49,8 @@ estimate until bench/gpu_check.py or a real run measures it):
   round, each waiting for the previous one; one per evaluation batch) ends with its longest
   chain, which runs up to the budget while the mean answer is about 0.6 of it; the call lasts
   (budget - mean answer) decode steps longer than its tokens need at full concurrency, at half
-  the concurrency (`wave_tail_s`).
+  the concurrency (`wave_tail_s`). A streamed rollout (vLLM's default, bfspo.rollout.streamed) is
+  one engine loop per step that trees and questions join as others finish: one tail, when it drains.
 - KV preemption: vLLM admits up to max_num_seqs sequences while their KV cache is short; when
   max_num_seqs x (prompt + answer) exceeds the cache, the excess share of the sequences is
   preempted and recomputed (vLLM's recompute preemption): each planned once, half-way, its
