@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import print_table, train_metrics
+from bench.common import add_toy_arguments, print_table, train_metrics
 
 ENGINES = ("transformers", "vllm")
 
@@ -66,8 +66,7 @@ def rl_step_times(engine_name: str, args, out_dir: Path) -> tuple[float, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="the toy model directory (bfspo toy build)")
-    p.add_argument("--data", required=True, help="toy questions (rl_train.jsonl of bfspo toy data)")
+    add_toy_arguments(p)
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--budget", type=int, default=160)

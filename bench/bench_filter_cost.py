@@ -23,7 +23,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.common import print_table, train_metrics
+from bench.common import add_toy_arguments, print_table, train_metrics
 from bfspo.pipeline.throughput import signal_rate
 
 ARMS = (("dapo-g16", 16, 0, "first_samples"), ("bfspo-g4-first", 4, 3, "first_samples"),
@@ -42,8 +42,7 @@ def run_arm(args, out_dir: Path, group: int, k: int, filter: str) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="the toy model directory (bfspo toy build)")
-    p.add_argument("--data", required=True, help="toy questions (rl_train.jsonl of bfspo toy data)")
+    add_toy_arguments(p)
     p.add_argument("--chains", type=int, default=64, help="chains per batch and per optimizer step")
     p.add_argument("--budget", type=int, default=160)
     p.add_argument("--steps", type=int, default=3)

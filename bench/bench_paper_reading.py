@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import print_table, train_metrics
+from bench.common import add_toy_arguments, print_table, train_metrics
 
 ENGINES = ("transformers", "vllm")
 ARMS = {"dapo": (0, 16), "bfspo": (3, 4)}  # arm -> (K, G)
@@ -62,8 +62,7 @@ def run(args, engine: str, arm: str, seed: int, out_dir: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="the toy model directory (bfspo toy build)")
-    p.add_argument("--data", required=True, help="toy questions (rl_train.jsonl of bfspo toy data)")
+    add_toy_arguments(p)
     p.add_argument("--chains", type=int, default=64, help="chains per batch and per optimizer step")
     p.add_argument("--budget", type=int, default=160)
     p.add_argument("--steps", type=int, default=3, help="steps per run (the first is not counted)")

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from bench.common import print_table
+from bench.common import add_toy_arguments, print_table
 
 MODES = ("lockstep", "streamed")
 
@@ -44,8 +44,7 @@ def rollout(mode: str, engine, prompts, scorers, search: dict) -> tuple[float, d
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="the toy model (results/toy/model)")
-    p.add_argument("--data", required=True, help="toy questions (results/toy/data/rl_train.jsonl)")
+    add_toy_arguments(p)
     p.add_argument("--questions", type=int, default=8)
     p.add_argument("--group", type=int, default=8, help="G")
     p.add_argument("--k", type=int, nargs="+", default=[0, 3])

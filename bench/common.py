@@ -104,3 +104,9 @@ def train_metrics(settings: dict, out_dir: Path) -> list[dict]:
     if proc.returncode != 0:
         sys.exit(f"bfspo train ({out_dir.name}) failed:\n{proc.stderr[-3000:]}")
     return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def add_toy_arguments(p) -> None:
+    """--model and --data of a benchmark on the toy (the outputs of `bfspo toy build` and `bfspo toy data`)."""
+    p.add_argument("--model", required=True, help="the toy model directory (bfspo toy build)")
+    p.add_argument("--data", required=True, help="toy questions (rl_train.jsonl of bfspo toy data)")
