@@ -12,8 +12,9 @@ A kill at any point leaves every byte of the earlier result under DIR: in place,
 folder, or in `previous/<n>/`. A staging folder found at the next start (`finish_set_aside`) means
 that a move was interrupted: since nothing new is written before the move ends, what is still in
 place belongs to the earlier result too, and the move is completed. Nothing under previous/ is
-ever deleted or replaced: every earlier result stays until the user deletes it. `bfspo sync` leaves
-out every W&B run under previous/ (bfspo/reporting/sync.py).
+ever deleted or replaced: every earlier result stays until the user deletes it (the files that an
+older bfspo put directly in previous/ stay there too, beside the numbered folders). `bfspo sync`
+leaves out every W&B run under previous/ (bfspo/reporting/sync.py).
 """
 
 from __future__ import annotations
