@@ -10,6 +10,14 @@ it; `digest` turns it into one hex string. The inputs of a model folder are spli
 An adapter folder (peft) is its adapter_config.json and weights. Other files (README.md, a
 `.cache/` folder) are not part of the identity: editing them changes nothing that is trained.
 
+What is hashed is what is used. A data file is read once (`read_data`): its bytes are hashed and
+then parsed, so a file replaced after the hash cannot be trained or scored on. A model folder is
+too large to hold in memory twice, and transformers, peft and vLLM load it from its path: so
+each file's status (inode, size, modification and change times) is stamped before it is hashed
+(`stamps`), and `check_unchanged` refuses the run if any file was replaced or written to between
+its stamp and the end of the loads. A write always moves a file's change time, which no user can
+set back, so unchanged stamps mean the loaded bytes are the hashed ones.
+
 Cost (`python -m bench.bench_fingerprint`; docs/workflow.md, "What makes a run the same run").
 Every byte of a local model's files is hashed at the start of a run or an evaluation, on one core:
 the toy model (1.9 MiB) in about 10 ms, a 1 GiB file in 1.1-1.7 s here, so a local 8B model in bf16
@@ -44,11 +52,37 @@ HUB_PATTERNS = [*MODEL_CONFIGS, "*.safetensors", "*.safetensors.index.json", *TO
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a file's bytes (BfspoError if it is missing or a directory). A link into the Hugging
-    Face cache's `blobs/` folder under a 64-hex name is named by that hash already: it is not read."""
+def stamp(path: Path) -> list[int]:
+    """What changes whenever a file is replaced or written to: its inode, size and modification and
+    change times (of the file a link leads to)."""
+    st = path.stat()
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def check_unchanged(stamps: dict[str, list[int]], used: str) -> None:
+    """BfspoError naming the files of `stamps` (path -> `stamp` taken before its hash) that were
+    replaced or written to since, or are gone: what was `used` is then not what was fingerprinted."""
+    moved = []
+    for name, before in stamps.items():
+        try:
+            if stamp(Path(name)) != before:
+                moved.append(name)
+        except OSError:
+            moved.append(name)
+    if moved:
+        raise BfspoError(f"{', '.join(moved)}: replaced or written to between its fingerprint and the end of {used}, "
+                         "so what was loaded may not be what the run records; run the command again once the files "
+                         "are in place")
+
+
+def file_sha256(path: str | os.PathLike, stamps: dict[str, list[int]] | None = None) -> str:
+    """SHA-256 of a file's bytes (BfspoError if it is missing or a directory), its `stamp` first put in
+    `stamps` if given. A link into the Hugging Face cache's `blobs/` folder under a 64-hex name is
+    named by that hash already: it is not read."""
     path = Path(path)
     check_file(path)
+    if stamps is not None:
+        stamps[str(path)] = stamp(path)
     target = path.resolve()
     if path.is_symlink() and target.parent.name == "blobs" and _SHA256.fullmatch(target.name):
         return target.name
@@ -64,23 +98,28 @@ def digest(files: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
-def data_files(path: str | os.PathLike) -> dict[str, str]:
-    """The fingerprint of a data file: {its name: SHA-256 of its bytes}."""
-    return {Path(path).name: file_sha256(path)}
+def read_data(path: str | os.PathLike) -> tuple[bytes, dict[str, str]]:
+    """A data file's bytes, read once, and their fingerprint {its name: SHA-256 of those bytes}: the
+    caller parses the bytes it hashed (bfspo.io.read_jsonl's `data`)."""
+    path = Path(path)
+    check_file(path)
+    data = path.read_bytes()
+    return data, {path.name: hashlib.sha256(data).hexdigest()}
 
 
 def _is_weights(name: str) -> bool:
     return name.endswith(WEIGHT_SUFFIXES)
 
 
-def folder_files(folder: str | os.PathLike, part: str) -> dict[str, str]:
+def folder_files(folder: str | os.PathLike, part: str, stamps: dict[str, list[int]] | None = None) -> dict[str, str]:
     """The fingerprint of one part of a model or adapter folder (its top-level files only, as
-    transformers and peft load them): `part` is "model", "tokenizer" or "adapter" (module doc)."""
+    transformers and peft load them): `part` is "model", "tokenizer" or "adapter" (module doc);
+    each file's `stamp` goes to `stamps` if given."""
     wanted = {"model": lambda n: n in MODEL_CONFIGS or _is_weights(n),
               "adapter": lambda n: n in ADAPTER_CONFIGS or _is_weights(n),
               "tokenizer": lambda n: n in TOKENIZER_FILES}[part]
     folder = Path(folder)
-    return {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if wanted(p.name) and p.is_file()}
+    return {p.name: file_sha256(p, stamps) for p in sorted(folder.iterdir()) if wanted(p.name) and p.is_file()}
 
 
 def model_folder(name: str) -> Path:
@@ -100,19 +139,23 @@ def model_folder(name: str) -> Path:
         raise BfspoError(f"{name}: not a local model directory and not in the Hugging Face cache ({why})") from None
 
 
-def model_inputs(name: str) -> dict[str, dict[str, str]]:
-    """{"model": ..., "tokenizer": ...}: the fingerprints of model `name`'s network and its tokenizer."""
+def model_inputs(name: str, stamps: dict[str, list[int]] | None = None) -> dict[str, dict[str, str]]:
+    """{"model": ..., "tokenizer": ...}: the fingerprints of model `name`'s network and its tokenizer
+    (each file's `stamp` to `stamps`, if given)."""
     folder = model_folder(name)
-    return {part: folder_files(folder, part) for part in ("model", "tokenizer")}
+    return {part: folder_files(folder, part, stamps) for part in ("model", "tokenizer")}
 
 
 def changed(recorded: dict[str, dict], current: dict[str, dict]) -> list[str]:
     """The inputs whose fingerprints differ, each with the files that changed:
-    `train_data`, `model (model.safetensors)`; an input with no record at all is named as such."""
+    `train_data (train.jsonl)`, `model (model.safetensors)`; an input with no record at all is named
+    as such. An input of one file on both sides (a data file) is compared by its bytes alone: its
+    name says where it is, not what it holds."""
     out = []
     for key in sorted(set(recorded) | set(current)):
         old, new = recorded.get(key), current.get(key)
-        if old == new:
+        if old == new or isinstance(old, dict) and isinstance(new, dict) and len(old) == len(new) == 1 \
+                and list(old.values()) == list(new.values()):
             continue
         if not isinstance(old, dict) or not isinstance(new, dict):
             out.append(f"{key} (not recorded)" if old is None else key)

@@ -1,15 +1,23 @@
 """Files that are never half-written: atomic writes (of files and folders), fsynced appends of one line,
-and JSONL reading with line-numbered errors.
+and JSON and JSONL reading whose every failure is a BfspoError naming the file (and line).
 
 Every write of a file goes through `_write_all`; a write that fails (a full disk, a quota, a
 read-only file system) is a BfspoError naming the file, the cause and the disk space left there,
 and leaves the file as it was: an atomic write removes its temporary file, an append cuts its
-partial line off again."""
+partial line off again. A kill between the two steps of an atomic write leaves its temporary
+file (`.NAME.<random>.tmp`), which `remove_temporaries` clears at the next start.
+
+A document or line is read only if it is UTF-8 text, nested at most `MAX_DEPTH` deep (checked
+before parsing: a row of 100,000 brackets would otherwise exhaust Python's recursion) and a JSON
+object; anything else is named, never a traceback.
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager, suppress
@@ -39,13 +47,29 @@ def write_error(path: str | os.PathLike, error: BaseException, what: str = "writ
     return BfspoError(f"{path}: {what} ({cause}); {free}")
 
 
+TMP_SUFFIX = ".tmp"  # an atomic write's temporary file: `.NAME.<random>.tmp` beside NAME
+
+
+def remove_temporaries(folder: str | os.PathLike) -> list[str]:
+    """Delete the temporary files that killed atomic writes left directly in `folder` (`.NAME.*.tmp`,
+    nothing else); their names. Call it only while holding the folder's lock (bfspo.runlock): another
+    writer's temporary file is in use."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(TMP_SUFFIX) and p.is_file()]
+    for p in found:
+        p.unlink(missing_ok=True)
+    return sorted(p.name for p in found)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder, then rename it into place."""
     path = Path(path)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
         try:
             umask = os.umask(0)
             os.umask(umask)
@@ -119,25 +143,63 @@ def check_file(path: Path) -> None:
         raise BfspoError(f"{path}: no such file")
 
 
-def read_jsonl(path: str | os.PathLike, skipped: list | None = None) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, object) for each non-empty line.
+MAX_DEPTH = 100  # brackets nested in one JSON document or row; bfspo's own nest at most 5 deep
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')
+_PAIR = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
-    A line that is not a JSON object is an error naming file:line, or, when a `skipped` list is
-    given, is recorded there as {"line", "problem"} and skipped (never silently).
+
+def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether the JSON text `raw` nests brackets more than `limit` deep, found without parsing it:
+    strings dropped, the brackets kept, then one level of empty pairs removed per pass (brackets
+    never closed count as levels too). Other malformed text is left to the parser, which names it."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    for level in range(limit + 1):
+        brackets, removed = _PAIR.subn(b"", brackets)
+        if not removed:
+            return level + len(brackets) - len(brackets.lstrip(b"[{")) > limit
+    return True
+
+
+def parse_object(raw: bytes) -> tuple[dict | None, str | None]:
+    """(the JSON object `raw` holds, None), or (None, what is wrong with it): not UTF-8, nested more
+    than MAX_DEPTH deep, not JSON, or JSON of another type."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8 text (byte {e.start + 1})"
+    if too_deep(raw):
+        return None, f"JSON nested more than {MAX_DEPTH} levels deep"
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        where = f"line {e.lineno} column {e.colno}" if "\n" in text.strip() else f"column {e.colno}"
+        return None, f"not valid JSON ({e.msg} at {where})"
+    except RecursionError:  # a backstop (too_deep passes at most MAX_DEPTH levels): never a traceback
+        return None, "JSON nested too deeply to parse"
+    if not isinstance(obj, dict):
+        return None, f"expected a JSON object, got {type(obj).__name__}"
+    return obj, None
+
+
+def read_jsonl(path: str | os.PathLike, skipped: list | None = None,
+               data: bytes | None = None) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, object) for each non-empty line of `path`, or of `data` (the file's bytes,
+    read already: what a run hashed is what it parses, bfspo.fingerprint.read_data).
+
+    A line that is not a JSON object (`parse_object`) is an error naming file:line, or, when a
+    `skipped` list is given, is recorded there as {"line", "problem"} and skipped (never silently).
     """
     path = Path(path)
-    check_file(path)
-    with path.open("rb") as f:
+    if data is None:
+        check_file(path)
+    with (io.BytesIO(data) if data is not None else path.open("rb")) as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-                problem = None if isinstance(obj, dict) else f"expected a JSON object, got {type(obj).__name__}"
-            except UnicodeDecodeError as e:
-                problem = f"not UTF-8 text (byte {e.start + 1} of the line)"
-            except json.JSONDecodeError as e:
-                problem = f"not valid JSON ({e.msg})"
+            obj, problem = parse_object(raw)
             if problem is None:
                 yield lineno, obj
             elif skipped is None:
@@ -146,11 +208,12 @@ def read_jsonl(path: str | os.PathLike, skipped: list | None = None) -> Iterator
                 skipped.append({"line": lineno, "problem": problem})
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """Read one JSON document, with a clear error if it is missing or malformed."""
+def read_json(path: str | os.PathLike) -> dict:
+    """Read one JSON document holding an object; a missing file, or one that is not a readable JSON
+    object (`parse_object`), is a BfspoError naming the file."""
     path = Path(path)
     check_file(path)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise BfspoError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    obj, problem = parse_object(path.read_bytes())
+    if problem is not None:
+        raise BfspoError(f"{path}: {problem}")
+    return obj

@@ -57,8 +57,8 @@ def from_gguf(path: str | os.PathLike, out: str | os.PathLike) -> Path:
     check_gguf(path)
     folder, name = str(path.resolve().parent), path.name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, trust_remote_code=False,
                                                      quantization_config=GgufConfig(gguf_file=name, dequantize=True))
     except (ValueError, KeyError, NotImplementedError, OSError) as e:
         raise BfspoError(f"{path}: transformers cannot load this GGUF file ({str(e).splitlines()[0]})") from None

@@ -34,14 +34,18 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def _from_pretrained(loader, name: str, **kw):
-    """Call a transformers `from_pretrained`, turning a missing, uncached, unreadable or inconsistent
-    model into a BfspoError (for a local folder: what is wrong with it, e.g. no weights, a truncated
-    file, or a config.json whose fields contradict each other)."""
+    """Call a transformers `from_pretrained` with `trust_remote_code=False`, turning a missing,
+    uncached, unreadable or inconsistent model into a BfspoError (for a local folder: what is wrong
+    with it, e.g. no weights, a truncated file, or a config.json whose fields contradict each other).
+
+    trust_remote_code=False, not transformers' default None: given None, transformers asks on stdin
+    whether to run a folder's own code (`auto_map`), and a `y` there would import it. Given False it
+    raises at once, which `unloadable` names; every transformers load in bfspo passes False."""
     from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
 
     try:
-        return loader.from_pretrained(name, **kw)
+        return loader.from_pretrained(name, trust_remote_code=False, **kw)
     except ValueError as e:  # a model type transformers does not know, custom code it would have to run, ...
         raise BfspoError(unloadable(name, e)) from None
     except StrictDataclassError as e:  # e.g. num_hidden_layers 3 but 2 layer_types

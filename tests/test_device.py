@@ -3,7 +3,6 @@ the driver and CUDA_VISIBLE_DEVICES (bfspo/device.py), for `bfspo train` and `bf
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -12,6 +11,7 @@ import torch
 
 from bfspo import device as dev
 from bfspo.errors import BfspoError
+from tests.helpers import process
 
 ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
        "CUDA_VISIBLE_DEVICES": "3"}
@@ -55,8 +55,8 @@ def test_resolve_device():
 
 def run_cli(*args):
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "bfspo.cli", *args], env=ENV, capture_output=True, text=True,
-                          timeout=120)
+    proc = process.run([sys.executable, "-m", "bfspo.cli", *args], env=ENV, capture_output=True, text=True,
+                       timeout=120)
     return proc, time.monotonic() - start
 
 

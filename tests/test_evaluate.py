@@ -17,6 +17,7 @@ from bfspo.evaluation.evaluate import check_lengths, summarize
 from bfspo.io import read_json, read_jsonl
 from bfspo.tasks.prompts import prompt_ids
 from bfspo.tasks.verify import extract_answer, is_correct
+from tests.helpers import process
 
 ROWS = [
     {"id": "gsm8k-0", "question": "Tom has 3 apples. He buys 4 more apples. How many apples does he have?",
@@ -138,7 +139,7 @@ def test_evaluates_with_an_adapter(tiny_model_dir, tmp_path):
     assert summary["settings"]["fingerprints"] == {
         "model": fingerprint.digest(model["model"]), "tokenizer": fingerprint.digest(model["tokenizer"]),
         "adapter": fingerprint.digest(fingerprint.folder_files(tmp_path / "adapter", "adapter")),
-        "data": fingerprint.digest(fingerprint.data_files(data))}
+        "data": fingerprint.digest(fingerprint.read_data(data)[1])}
 
 
 @pytest.mark.parametrize("case,message", [
@@ -245,16 +246,16 @@ def test_a_killed_evaluation_resumes_to_the_uninterrupted_result(tiny_model_dir,
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    assert subprocess.run(command(whole), env=env, capture_output=True, timeout=300).returncode == 0
+    assert process.run(command(whole), env=env, capture_output=True, timeout=300).returncode == 0
 
     partial = resumed / "samples.partial.jsonl"
-    proc = subprocess.Popen(command(resumed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    while proc.poll() is None and time.time() < deadline and not (
-            partial.exists() and len(partial.read_text().splitlines()) >= 4):
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with process.started(command(resumed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        deadline = time.time() + 240
+        while proc.poll() is None and time.time() < deadline and not (
+                partial.exists() and len(partial.read_text().splitlines()) >= 4):
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     assert not (resumed / "summary.json").exists() and not (resumed / "samples.jsonl").exists()
     on_file = []
     for line in partial.read_text().splitlines()[1:]:
@@ -264,7 +265,7 @@ def test_a_killed_evaluation_resumes_to_the_uninterrupted_result(tiny_model_dir,
             pass
     assert 3 <= len(on_file) < 20, "the evaluation was not killed in the middle"
 
-    again = subprocess.run(command(resumed), env=env, capture_output=True, text=True, timeout=300)
+    again = process.run(command(resumed), env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert f"resuming, {len(on_file)} of 20 batches ({2 * len(on_file)} questions) already done" in again.stdout
     assert (resumed / "samples.jsonl").read_text() == (whole / "samples.jsonl").read_text()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
+import shutil
 import time
 
 import pytest
@@ -16,15 +19,43 @@ def test_a_file_is_its_bytes(tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_bytes(b'{"id": "1"}\n')
     assert fingerprint.file_sha256(path) == hashlib.sha256(b'{"id": "1"}\n').hexdigest()
-    before = fingerprint.data_files(path)
+    data, before = fingerprint.read_data(path)
+    assert data == b'{"id": "1"}\n' and before == {"train.jsonl": fingerprint.file_sha256(path)}
     stat = path.stat()
     path.write_bytes(b'{"id": "2"}\n')  # same size; the modification time put back: only the bytes tell
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert fingerprint.data_files(path) != before
-    assert fingerprint.changed({"train_data": before}, {"train_data": fingerprint.data_files(path)}) == \
+    assert fingerprint.read_data(path)[1] != before
+    assert fingerprint.changed({"train_data": before}, {"train_data": fingerprint.read_data(path)[1]}) == \
         ["train_data (train.jsonl)"]
     with pytest.raises(BfspoError, match="no such file"):
         fingerprint.file_sha256(tmp_path / "missing.jsonl")
+    with pytest.raises(BfspoError, match="no such file"):
+        fingerprint.read_data(tmp_path / "missing.jsonl")
+
+
+def test_a_file_written_after_its_stamp_is_named_even_with_its_times_put_back(tiny_model_dir, tmp_path):
+    """The check between a model's fingerprint and the end of its load: a rewrite in place (same size,
+    modification time put back) moves the change time, and a replacement the inode."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    stamps = {}
+    fingerprint.model_inputs(str(model), stamps)
+    assert str(model / "model.safetensors") in stamps and str(model / "tokenizer.json") in stamps
+    fingerprint.check_unchanged(stamps, "loading the model")  # reading is no change
+    weights = model / "model.safetensors"
+    stat = weights.stat()
+    time.sleep(0.01)
+    weights.write_bytes(weights.read_bytes())
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(BfspoError, match=re.escape(f"{weights}: replaced or written to between its fingerprint and "
+                                                   "the end of loading the model")):
+        fingerprint.check_unchanged(stamps, "loading the model")
+    stamps = {}
+    fingerprint.model_inputs(str(model), stamps)
+    (tmp_path / "other.json").write_bytes((model / "tokenizer.json").read_bytes())
+    os.replace(tmp_path / "other.json", model / "tokenizer.json")  # the same bytes, another file
+    with pytest.raises(BfspoError, match=re.escape(f"{model / 'tokenizer.json'}: replaced or written to")):
+        fingerprint.check_unchanged(stamps, "loading the model")
 
 
 def test_a_model_folder_splits_into_network_and_tokenizer(tiny_model_dir, tmp_path):
@@ -50,6 +81,14 @@ def test_a_model_folder_splits_into_network_and_tokenizer(tiny_model_dir, tmp_pa
 def test_the_changes_name_an_unrecorded_input():
     assert fingerprint.changed({}, {"model": {"a": "1"}}) == ["model (not recorded)"]
     assert fingerprint.changed({"model": {"a": "1"}}, {"model": {"a": "1"}}) == []
+
+
+def test_a_data_file_is_its_bytes_under_any_name():
+    """Issue 39, finding 9: one file is compared by content; a folder's file names are part of it."""
+    assert fingerprint.changed({"train_data": {"a.jsonl": "1"}}, {"train_data": {"b.jsonl": "1"}}) == []
+    assert fingerprint.changed({"train_data": {"a.jsonl": "1"}}, {"train_data": {"b.jsonl": "2"}}) == \
+        ["train_data (a.jsonl, b.jsonl)"]
+    assert fingerprint.changed({"model": {"a": "1", "b": "2"}}, {"model": {"a": "1", "c": "2"}}) == ["model (b, c)"]
 
 
 def test_a_hub_id_is_read_from_the_cache_without_hashing_its_weights(tmp_path, monkeypatch):
@@ -84,3 +123,106 @@ def test_the_toy_models_fingerprint_costs_milliseconds(tiny_model_dir):
     start = time.perf_counter()
     fingerprint.model_inputs(str(tiny_model_dir))
     assert time.perf_counter() - start < 1.0
+
+
+# ---- issue 39, finding 2: what is hashed is what is trained on and scored ----------------------------
+
+
+def _rows(prefix: str) -> str:
+    return "".join(json.dumps({"id": f"{prefix}{i}", "question": f"Tom has {i} apples and buys 3 more. How many?",
+                               "answer": str(i + 3)}) + "\n" for i in range(12))
+
+
+def _train(model, data, out, **overrides) -> int:
+    from bfspo.cli import main
+
+    values = dict(model=model, train_data=data, benchmark="gsm8k_train", k=0, group_size=4, budget=10, steps=1,
+                  train_batch=8, mini_batch=8, lr=1e-2, log_trees=-1, max_empty_steps=50, threads=1,
+                  wandb_mode="disabled") | overrides
+    return main(["train", "--output-dir", str(out), "--set", *[f"{k}={v}" for k, v in values.items()]])
+
+
+def _while_the_model_loads(monkeypatch, module, name, action):
+    """Run `action` when `module.name` (a loader) is called, before it loads: the probe's window between
+    the fingerprint and the load."""
+    load = getattr(module, name)
+
+    def acting(*args, **kwargs):
+        action()
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, acting)
+
+
+def test_a_data_file_replaced_after_its_hash_is_not_what_the_run_trains_on(tiny_model_dir, tmp_path, monkeypatch):
+    """The probe replaced the data file while the model loaded: inputs.json recorded the original bytes,
+    the adapter was trained on the replacing file, and a rerun said "already finished"."""
+    from bfspo import model_io
+    from bfspo.io import read_jsonl
+
+    data = tmp_path / "train.jsonl"
+    data.write_text(_rows("old-"))
+    original = hashlib.sha256(data.read_bytes()).hexdigest()
+    _while_the_model_loads(monkeypatch, model_io, "load_model", lambda: data.write_text(_rows("new-")))
+    out = tmp_path / "run"
+    assert _train(tiny_model_dir, data, out) == 0
+    assert json.loads((out / "inputs.json").read_text())["train_data"] == {"train.jsonl": original}
+    trained = {tree["meta"]["question_id"] for path in (out / "trees").iterdir() for _, tree in read_jsonl(path)}
+    assert trained and all(q.startswith("old-") for q in trained), trained
+
+
+def test_a_model_file_replaced_between_its_hash_and_its_load_is_refused(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    from bfspo import model_io
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    data = tmp_path / "train.jsonl"
+    data.write_text(_rows("q"))
+    weights = model / "model.safetensors"
+
+    def replace_weights():
+        changed = bytearray(weights.read_bytes())
+        changed[-1] ^= 1  # the last byte of the last tensor: loads as well as before
+        (tmp_path / "new.safetensors").write_bytes(bytes(changed))
+        os.replace(tmp_path / "new.safetensors", weights)
+
+    _while_the_model_loads(monkeypatch, model_io, "load_model", replace_weights)
+    out = tmp_path / "run"
+    assert _train(model, data, out) == 2
+    assert (f"{weights}: replaced or written to between its fingerprint and the end of loading the model"
+            in capsys.readouterr().err)
+    assert not (out / "inputs.json").exists() and not (out / "config.json").exists()  # nothing recorded
+    monkeypatch.undo()
+    assert _train(model, data, out) == 0  # the next start fingerprints and trains the new bytes
+    assert json.loads((out / "inputs.json").read_text())["model"] == fingerprint.model_inputs(str(model))["model"]
+
+
+def test_evaluation_scores_the_data_bytes_it_records_and_refuses_a_model_changed_meanwhile(tiny_model_dir, tmp_path,
+                                                                                           monkeypatch, capsys):
+    from bfspo.cli import main
+    from bfspo.evaluation import evaluate as ev
+    from bfspo.io import read_json, read_jsonl
+
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(_rows("old-"))
+    original = fingerprint.digest({"gsm8k.jsonl": hashlib.sha256(data.read_bytes()).hexdigest()})
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+
+    def evaluate(out) -> int:
+        return main(["evaluate", "--model", str(model), "--benchmark", "gsm8k", "--data", str(data), "--out-dir",
+                     str(out), "--budget", "4", "--limit", "3"])
+
+    _while_the_model_loads(monkeypatch, ev, "load_config", lambda: data.write_text(_rows("new-")))
+    assert evaluate(tmp_path / "eval") == 0
+    assert read_json(tmp_path / "eval" / "summary.json")["settings"]["fingerprints"]["data"] == original
+    assert {s["id"] for _, s in read_jsonl(tmp_path / "eval" / "samples.jsonl")} == {"old-0", "old-1", "old-2"}
+    monkeypatch.undo()
+    def rewrite_tokenizer():  # the same bytes written in place, a clock tick (at most 10 ms) after the stamp
+        time.sleep(0.02)
+        (model / "tokenizer.json").write_bytes((model / "tokenizer.json").read_bytes())
+
+    _while_the_model_loads(monkeypatch, ev, "load_config", rewrite_tokenizer)
+    assert evaluate(tmp_path / "eval2") == 2
+    assert f"{model / 'tokenizer.json'}: replaced or written to" in capsys.readouterr().err
+    assert not (tmp_path / "eval2" / "summary.json").exists()

@@ -3,7 +3,6 @@ or 7 micro-batches, or over 2 ranks, gives the unsplit gradient (float32, 1e-5).
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import torch
 
 from bfspo.algorithm.packing import n_entries, plan_micro_batches
 from bfspo.training.accumulate import merge_loss_stats, minibatch_backward
+from tests.helpers import process
 from tests.helpers.trees import load_float32_model, random_search_tree, with_old_logprobs
 
 HELPERS = Path(__file__).parent / "helpers"
@@ -112,9 +112,9 @@ def test_two_ranks_with_split_trees_give_the_one_process_gradient(model, tiny_mo
     reference, ref_acc = gradients(model, trees, 10_000)
     budget = budget_for(trees[0::2], 3)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                           str(HELPERS / "ddp_grads.py"), str(tiny_model_dir), str(trees_file), str(budget),
-                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    proc = process.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                        str(HELPERS / "ddp_grads.py"), str(tiny_model_dir), str(trees_file), str(budget),
+                        str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = torch.load(tmp_path / "grads.pt")
     assert out["micro_batches"][0] == 3 and out["micro_batches"][1] >= 2

@@ -64,6 +64,26 @@ def test_pairing_needs_one_model_one_data_one_seed_and_one_question_order():
         check_pairing({"dapo": cfg, "bfspo": cfg}, {"dapo": ["a", "x", "c"], "bfspo": ["a", "b"]}, 3)
 
 
+def test_runs_are_paired_by_the_content_of_their_inputs_not_their_paths(tmp_path):
+    """Issue 39, finding 9: a run trained before the results folder moved records the old paths; its model
+    and data are still those of the runs trained after."""
+    import json
+
+    from bfspo.reporting.paired import run_pairing
+
+    inputs = {"train_data": {"rl.jsonl": "d1"}, "model": {"model.safetensors": "w1"}, "tokenizer": {"t.json": "t1"}}
+    runs = {}
+    for name, paths, data in (("a", ("old/model", "old/rl.jsonl"), "d1"), ("b", ("new/model", "new/train.jsonl"), "d1"),
+                              ("c", ("new/model", "new/train.jsonl"), "d2")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"model": paths[0], "train_data": paths[1], "seed": 3}))
+        (tmp_path / name / "inputs.json").write_text(json.dumps(inputs | {"train_data": {"x.jsonl": data}}))
+        runs[name] = run_pairing(tmp_path / name)
+    check_pairing({"dapo": runs["a"], "bfspo": runs["b"]}, {"dapo": [], "bfspo": []}, 3)
+    with pytest.raises(BfspoError, match="seed 3: the runs are not paired, their train_data differs"):
+        check_pairing({"dapo": runs["a"], "bfspo": runs["c"]}, {"dapo": [], "bfspo": []}, 3)
+
+
 def test_paired_table_rows_by_hand():
     spec = dict(methods=[dict(key="dapo", label="DAPO"), dict(key="bfspo", label="BFS-PO")],
                 columns=[dict(benchmark="toy", label="Toy", domain="in")])

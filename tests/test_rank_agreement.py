@@ -3,13 +3,13 @@ round while any rank's batch is short and rounds remain), so that no rank waits 
 another's extra rounds; and the collective timeout reaches the process group."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from bfspo.training import batching
+from tests.helpers import process
 
 HELPERS = Path(__file__).parent / "helpers"
 
@@ -48,9 +48,9 @@ def test_two_ranks_run_the_same_rounds_when_one_ranks_trees_are_all_filtered(tin
     import os
 
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-                           str(HELPERS / "rank_rounds.py"), str(tiny_model_dir), str(train_data), str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = process.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                        str(HELPERS / "rank_rounds.py"), str(tiny_model_dir), str(train_data), str(tmp_path)],
+                       env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["rounds"] == r1["rounds"] == 3

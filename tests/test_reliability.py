@@ -400,9 +400,9 @@ def test_a_rerun_with_other_settings_moves_the_finished_results_away(tiny_model_
     assert evaluate(tiny_model_dir, data, out, "--samples", "2", "--temperature", "0.5", "--batch-size", "2") == 130
     assert not (out / "summary.json").exists() and not (out / "samples.jsonl").exists()
     assert (out / "samples.partial.jsonl").exists()
-    assert ((out / "previous" / "summary.json").read_text(), (out / "previous" / "samples.jsonl").read_text()) == finished
+    assert ((out / "previous/1/summary.json").read_text(), (out / "previous/1/samples.jsonl").read_text()) == finished
     assert (f"{out}: moved the summary.json and samples.jsonl of an earlier evaluation (other temperature) to "
-            f"{out / 'previous'}; starting over") in capsys.readouterr().out
+            f"{out / 'previous/1'}, where they stay until you delete them; starting over") in capsys.readouterr().out
 
 
 def test_an_identical_rerun_of_a_finished_evaluation_is_already_done(tiny_model_dir, tmp_path, monkeypatch, capsys):
@@ -516,3 +516,148 @@ def test_stripping_deeply_nested_wrappers_is_linear():
     assert verify._strip_answer("$" * n + " \\(**42**\\)." + "$" * n) == "42"
     assert verify._strip_answer("$" * n + "$x" + "$" * n) == "$x"  # one $ left unpaired
     assert verify._strip_answer("$\\(" * 10_000 + ": 7 /" + "\\)$" * 10_000) == "7"
+
+
+# ---- issue 39: a finished run to start again ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_model_dir, tmp_path_factory):
+    """A finished one-step run, its data and its command's --set values."""
+    root = tmp_path_factory.mktemp("finished")
+    data = write_rows(root / "train.jsonl", [dict(q, id=f"t{i}") for i, q in enumerate(QUESTIONS * 4)])
+    values = dict(model=str(tiny_model_dir), train_data=str(data), benchmark="gsm8k_train", k=0, group_size=4,
+                  budget=10, steps=1, train_batch=8, mini_batch=8, lr=1e-2, max_empty_steps=50, threads=1,
+                  wandb_mode="disabled", log_trees=0)
+    assert train(root / "run", values) == 0
+    return root / "run", values
+
+
+def train(out, values: dict, **overrides) -> int:
+    return main(["train", "--output-dir", str(out), "--set", *[f"{k}={v}" for k, v in (values | overrides).items()]])
+
+
+def copied(run: Path, tmp_path: Path) -> Path:
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+# ---- issue 39, finding 6: damaged records and deep JSON are named, never a traceback -------------------
+
+DEEP_ROW = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("name, content, problem", [
+    ("config.json", b'["a", "list"]', "expected a JSON object, got list"),
+    ("config.json", b'{"model": "\xff"}', "not UTF-8 text (byte 12)"),
+    ("inputs.json", b'{"train_data": {"train.jsonl": "\xfe"}}', "not UTF-8 text (byte 33)"),
+    ("inputs.json", ('{"model": ' + DEEP_ROW + '}').encode(), "JSON nested more than 100 levels deep"),
+], ids=["config-a-list", "config-not-utf8", "inputs-not-utf8", "inputs-deep"])
+def test_a_damaged_run_record_is_named(finished, tmp_path, capsys, name, content, problem):
+    """The probe's AttributeError, UnicodeDecodeError and RecursionError tracebacks (exit 1)."""
+    run, values = finished
+    run = copied(run, tmp_path)
+    (run / name).write_bytes(content)
+    capsys.readouterr()
+    assert train(run, values) == 2
+    err = capsys.readouterr().err
+    assert f"error: {run / name}: {problem}" in err and "Traceback" not in err
+
+
+def test_a_deep_row_in_the_middle_of_metrics_is_named_on_resume(finished, tmp_path, capsys):
+    run, values = finished
+    run = copied(run, tmp_path)
+    (run / "done.json").unlink()
+    (run / "metrics.jsonl").write_text(DEEP_ROW + "\n" + (run / "metrics.jsonl").read_text())
+    assert train(run, values) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'metrics.jsonl'}:1: JSON nested more than 100 levels deep, in the middle of the file" in err
+    assert "Traceback" not in err
+
+
+def test_a_deep_row_of_training_or_evaluation_data_is_named(tiny_model_dir, tmp_path, capsys):
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(json.dumps(QUESTIONS[0]) + "\n" + '{"id": "q9", "question": ' + DEEP_ROW + "}\n")
+    assert evaluate(tiny_model_dir, data, tmp_path / "eval") == 2
+    assert train(tmp_path / "run", dict(model=tiny_model_dir, train_data=data, steps=1, train_batch=4, mini_batch=4,
+                                        wandb_mode="disabled")) == 2
+    err = capsys.readouterr().err
+    assert err.count(f"error: {data}:2: JSON nested more than 100 levels deep") == 2 and "Traceback" not in err
+
+
+def test_the_json_readers_name_every_damaged_document(tmp_path):
+    from bfspo.io import read_json
+
+    for content, problem in [(b"[1, 2]", "expected a JSON object, got list"), (b'"text"', "got str"),
+                             (b"\xff\xfe", "not UTF-8 text (byte 1)"), (b"{" * 200_000, "nested more than 100"),
+                             (b'{"a": 1,\n "b": }', "not valid JSON (Expecting value at line 2 column 7)")]:
+        (tmp_path / "x.json").write_bytes(content)
+        with pytest.raises(BfspoError, match=re.escape(f"{tmp_path / 'x.json'}: ") + ".*" + re.escape(problem)):
+            read_json(tmp_path / "x.json")
+    doc = json.dumps({"a": [[{"b": "[[[[{{{{"}]] * 3})  # 4 levels; brackets in strings are not nesting
+    for _ in range(95):
+        doc = f"[{doc}]"
+    (tmp_path / "x.json").write_text(f'{{"x": {doc}}}')  # 100 levels: read
+    assert read_json(tmp_path / "x.json")["x"][0]
+    (tmp_path / "x.json").write_text(f'{{"x": [{doc}]}}')
+    with pytest.raises(BfspoError, match="nested more than 100 levels deep"):
+        read_json(tmp_path / "x.json")
+
+
+# ---- issue 39, finding 7: settings that change only memory are not a run's identity --------------------
+
+
+@pytest.mark.parametrize("field, value", [("gradient_checkpointing", "true"), ("gpu_memory_utilization", 0.2),
+                                          ("max_num_seqs", 64)])
+def test_a_memory_only_setting_changed_on_a_finished_run_is_the_same_run(finished, tmp_path, capsys, field, value):
+    """The probe's finished run refused as a config change. On the transformers engine vLLM's settings
+    are not read at all."""
+    run, values = finished
+    run = copied(run, tmp_path)
+    capsys.readouterr()
+    assert train(run, values, **{field: value}) == 0
+    assert "already finished" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("rollout, seeds, same", [("streamed", "true", False), ("lockstep", "null", False),
+                                                  ("lockstep", "true", True)])
+def test_vllms_memory_settings_are_memory_only_where_each_request_has_its_own_seed_in_lockstep(rollout, seeds, same):
+    """A streamed rollout adds questions as vLLM has room, and an engine seeded once hands out its random
+    numbers in its scheduler's order: there, max_num_seqs and gpu_memory_utilization change what is trained."""
+    from bfspo.training.config import identity_ignores, load_train_config
+
+    values = load_train_config(None, ["model=m", "train_data=d", "engine=vllm", f"rollout={rollout}",
+                                      f"per_request_seeds={seeds}"]).to_dict()
+    ignored = identity_ignores(values)
+    assert "gradient_checkpointing" in ignored
+    assert ({"max_num_seqs", "gpu_memory_utilization"} <= ignored) == same
+    assert not {"lr", "k", "seed", "rollout_batch_size", "per_request_seeds", "engine", "rollout"} & ignored
+
+
+def test_gradient_checkpointing_trains_the_same_bytes(finished, tmp_path):
+    """It recomputes the same operations on the same values: on the CPU the adapter is equal byte for byte."""
+    run, values = finished
+    assert train(tmp_path / "run", values, gradient_checkpointing="true") == 0
+    assert read_json(tmp_path / "run" / "done.json")["adapter_sha256"] == read_json(run / "done.json")["adapter_sha256"]
+
+
+# ---- issue 39, finding 9: a run is the content of its inputs, not their paths -------------------------
+
+
+def test_the_same_bytes_under_other_paths_are_the_same_run(finished, tiny_model_dir, tmp_path, capsys):
+    """The probe's copy of the data under another path was refused as a config change (train_data). The
+    model and the data, copied elsewhere (the data under another name): the run is finished. Other bytes
+    at the new path: the run is set aside and trained afresh, as other bytes at the old path are."""
+    run, values = finished
+    run = copied(run, tmp_path)
+    model, data = tmp_path / "elsewhere" / "model", tmp_path / "elsewhere" / "rl.jsonl"
+    shutil.copytree(tiny_model_dir, model)
+    shutil.copy(values["train_data"], data)
+    capsys.readouterr()
+    assert train(run, values, model=model, train_data=data) == 0
+    assert "already finished" in capsys.readouterr().out
+    write_rows(data, [dict(q, id=f"other{i}") for i, q in enumerate(QUESTIONS * 4)])
+    assert train(run, values, model=model, train_data=data) == 0
+    out = capsys.readouterr().out
+    assert "its inputs changed since the run there was made (train_data (rl.jsonl, train.jsonl))" in out
+    assert (run / "previous" / "1" / "done.json").exists() and read_json(run / "config.json")["train_data"] == str(data)

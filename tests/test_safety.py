@@ -273,6 +273,45 @@ def test_a_folder_with_auto_map_and_an_unknown_model_type_is_a_named_error(tmp_p
     assert not (tmp_path / "PWNED").exists()
 
 
+def _custom_code_folder(tmp_path: Path) -> Path:
+    """A model folder whose config.json maps every Auto class to the folder's own code, of a model_type
+    transformers does not know; importing any of its modules writes tmp_path/PWNED."""
+    model = tmp_path / "custom"
+    model.mkdir()
+    modules = {"AutoConfig": "configuration_foo.FooConfig", "AutoModelForCausalLM": "modeling_foo.FooModel",
+               "AutoTokenizer": ["tokenization_foo.FooTokenizer", None]}
+    (model / "config.json").write_text(json.dumps({"model_type": "foomodel", "auto_map": modules}))
+    (model / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": modules["AutoTokenizer"]}}))
+    for name in ("configuration_foo", "modeling_foo", "tokenization_foo"):
+        (model / f"{name}.py").write_text(f"open({str(tmp_path / 'PWNED')!r}, 'a').write({name!r})\n")
+    return model
+
+
+@pytest.mark.parametrize("command", ["evaluate", "train"])
+def test_a_yes_on_stdin_never_runs_a_model_folders_code(tmp_path, command):
+    """Issue 39, finding 3: transformers, given no trust_remote_code, asked "Do you wish to run the custom
+    code? [y/N]" on stdin, and a `y` there (a person at a terminal) imported the folder's code before
+    bfspo's refusal came. Every load passes trust_remote_code=False: no question, and the refusal first."""
+    import sys
+
+    from tests.helpers import process
+
+    model = _custom_code_folder(tmp_path)
+    data = write_rows(tmp_path / "gsm8k.jsonl", QUESTIONS)
+    args = {"evaluate": ["evaluate", "--model", str(model), "--benchmark", "gsm8k", "--data", str(data),
+                         "--out-dir", str(tmp_path / "out"), "--budget", "8"],
+            "train": ["train", "--output-dir", str(tmp_path / "out"), "--set", f"model={model}", f"train_data={data}",
+                      "benchmark=gsm8k_train", "steps=1", "train_batch=4", "mini_batch=4", "wandb_mode=disabled"]}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "TRANSFORMERS_VERBOSITY": "error"}
+    proc = process.run([sys.executable, "-m", "bfspo.cli", *args[command]], input="y\n" * 10, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Do you wish to run the custom code" not in proc.stdout + proc.stderr
+    assert (f"error: {model}: its config.json asks for the model's own code (auto_map: configuration_foo.FooConfig, "
+            "modeling_foo.FooModel") in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "PWNED").exists()
+
+
 # ---- 11: a model that is not there ---------------------------------------------------------------------
 
 

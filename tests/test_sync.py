@@ -91,10 +91,11 @@ def test_an_offline_runs_log_ends_pointing_at_bfspo_sync(tmp_path, monkeypatch, 
 
 
 def test_sync_leaves_out_a_run_set_aside_when_its_inputs_changed(tmp_path, offline):
-    """Issue 31: a training run whose inputs changed moves to previous/ with its W&B run; the run that
+    """Issue 31: a training run whose inputs changed moves to previous/<n>/ with its W&B run; the run that
     replaces it is the only one uploaded."""
     results = tmp_path / "results"
-    _run(results / "runs" / "a" / "previous", "train")
+    _run(results / "runs" / "a" / "previous" / "1", "train")
+    _run(results / "runs" / "a" / "previous" / "2", "train")
     kept = _run(results / "runs" / "a", "train")
     assert [tracking.folder_run_id(p) for p in offline_runs(results)] == [kept]
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from bfspo.algorithm.tree import SearchTree
+from tests.helpers import process
 
 HELPERS = Path(__file__).parent / "helpers"
 ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -30,7 +31,7 @@ def train_args(model_dir, data, out, **overrides):
 
 
 def run_train(*args, env=ENV, **overrides):
-    return subprocess.run(train_args(*args, **overrides), env=env, capture_output=True, text=True, timeout=300)
+    return process.run(train_args(*args, **overrides), env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_train_writes_a_complete_run(tiny_model_dir, train_data, tmp_path):
@@ -125,15 +126,15 @@ def test_resume_after_kill(tiny_model_dir, train_data, tmp_path):
     out = tmp_path / "resume"
     # Ctrl-C's default action, even where the test itself runs in the background of a
     # non-interactive shell, which starts it (and would start the trainer) with SIGINT ignored.
-    proc = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=5, save_every=2), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     metrics = out / "metrics.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)  # step 3 logged, its checkpoint not due: steps 3-5 are redone
-    proc.wait()
+    with process.started(train_args(tiny_model_dir, train_data, out, steps=5, save_every=2), env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as proc:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)  # step 3 logged, its checkpoint not due: steps 3-5 are redone
+        proc.wait(timeout=240)
     assert not (out / "done.json").exists(), "the run finished before it could be killed"
     resumed = run_train(tiny_model_dir, train_data, out, env=env, steps=5, save_every=2)
     assert resumed.returncode == 0, resumed.stderr
@@ -248,12 +249,14 @@ def test_a_rerun_on_changed_inputs_trains_afresh_and_sets_the_old_run_aside(tiny
     proc = run_train(model, data, out, steps=1)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "resuming" not in proc.stdout and "already finished" not in proc.stdout
-    assert re.search(rf"its inputs changed .*{'train_data' if change == 'data' else 'model'} .*moved that run to "
-                     rf"{re.escape(str(out / 'previous'))}", proc.stdout), proc.stdout
+    what = "a finished run (done.json, adapter/)" if finished else "an unfinished run"
+    assert re.search(rf"its inputs changed .*{'train_data' if change == 'data' else 'model'} .*moved that run, "
+                     rf"{re.escape(what)}, to {re.escape(str(out / 'previous' / '1'))}, where it stays until you "
+                     "delete it", proc.stdout), proc.stdout
     new = json.loads((out / "done.json").read_text())
     assert new["adapter_sha256"] != old["adapter_sha256"], "the old adapter was published again"
-    assert json.loads((out / "previous" / "inputs.json").read_text()) != json.loads((out / "inputs.json").read_text())
-    assert (out / "previous" / "checkpoint").is_dir() and (out / "previous" / "config.json").is_file()
+    assert json.loads((out / "previous/1/inputs.json").read_text()) != json.loads((out / "inputs.json").read_text())
+    assert (out / "previous/1/checkpoint").is_dir() and (out / "previous/1/config.json").is_file()
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
     again = run_train(model, data, out, steps=1)
     assert again.returncode == 0 and "already finished" in again.stdout
@@ -269,10 +272,10 @@ def test_a_finished_run_refuses_another_config(tiny_model_dir, train_data, tmp_p
         proc = run_train(tiny_model_dir, train_data, out, **{"steps": 1, **overrides})
         assert proc.returncode == 2 and f"different config ({fields})" in proc.stderr, proc.stderr[-2000:]
         assert "already finished" not in proc.stdout
-    other = tmp_path / "other.jsonl"
+    other = tmp_path / "other.jsonl"  # the same bytes elsewhere: the same run (issue 39, finding 9)
     other.write_bytes(train_data.read_bytes())
     proc = run_train(tiny_model_dir, other, out, steps=1)
-    assert proc.returncode == 2 and "different config (train_data)" in proc.stderr
+    assert proc.returncode == 0 and "already finished" in proc.stdout
     proc = run_train(tiny_model_dir, train_data, out, steps=1, wandb_group="another-table")
     assert proc.returncode == 0 and "already finished" in proc.stdout
     assert (out / "done.json").read_text() == done
@@ -299,7 +302,7 @@ def test_two_ranks_match_one_process(tiny_model_dir, train_data, tmp_path):
                           (two, [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                                  "--master_port", "29533"])):
         out.mkdir()
-        proc = subprocess.run(launcher + script + [str(out)], env=ENV, capture_output=True, text=True, timeout=300)
+        proc = process.run(launcher + script + [str(out)], env=ENV, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
     single, r0, r1 = (torch.load(p) for p in (one / "rank0.pt", two / "rank0.pt", two / "rank1.pt"))
     assert single.keys() == r0.keys() == r1.keys()
@@ -390,14 +393,14 @@ def test_a_second_trainer_on_the_same_directory_is_refused(tiny_model_dir, train
     """One writer per run directory: the second `bfspo train` exits at once naming the first, which
     finishes unharmed with each step logged exactly once."""
     out = tmp_path / "run"
-    first = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=30, save_every=10), env=ENV,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and not (out / "config.json").exists():  # written once the lock is held
-        time.sleep(0.05)
-    second = run_train(tiny_model_dir, train_data, out, steps=30, save_every=10)
-    assert not (out / "done.json").exists(), "the first run finished before the second started"
-    assert first.wait(timeout=300) == 0, first.stderr.read()
+    with process.started(train_args(tiny_model_dir, train_data, out, steps=30, save_every=10), env=ENV,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as first:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (out / "config.json").exists():  # written once the lock is held
+            time.sleep(0.05)
+        second = run_train(tiny_model_dir, train_data, out, steps=30, save_every=10)
+        assert not (out / "done.json").exists(), "the first run finished before the second started"
+        assert first.wait(timeout=300) == 0, first.stderr.read()
     assert second.returncode == 2
     assert f"is in use by bfspo train (host {socket.gethostname()}, pid {first.pid}" in second.stderr
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -407,13 +410,13 @@ def test_a_second_trainer_on_the_same_directory_is_refused(tiny_model_dir, train
 
 def test_the_lock_of_a_killed_trainer_does_not_block_the_rerun(tiny_model_dir, train_data, tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=4), env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    while time.time() < deadline and not (out / "config.json").exists():
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with process.started(train_args(tiny_model_dir, train_data, out, steps=4), env=ENV,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (out / "config.json").exists():
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     assert not (out / "done.json").exists(), "the run finished before it could be killed"
     proc = run_train(tiny_model_dir, train_data, out, steps=4)
     assert proc.returncode == 0, proc.stderr
@@ -449,13 +452,13 @@ def test_sigterm_or_slurms_warning_checkpoints_the_last_step_exits_and_resumes(t
     """SIGTERM (the time limit, scancel) and SIGUSR1 (Slurm's warning, `--signal=USR1@<seconds>`): the
     step in flight ends, its checkpoint is written, the exit status is 143, and the same command resumes."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(train_args(tiny_model_dir, train_data, out, steps=4, save_every=100), env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and not (out / "metrics.jsonl").exists():
-        time.sleep(0.02)
-    proc.send_signal(signum)
-    stdout, _ = proc.communicate(timeout=240)
+    with process.started(train_args(tiny_model_dir, train_data, out, steps=4, save_every=100), env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (out / "metrics.jsonl").exists():
+            time.sleep(0.02)
+        proc.send_signal(signum)
+        stdout, _ = proc.communicate(timeout=240)
     assert proc.returncode == 143
     logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     state = torch.load(out / "checkpoint" / "state.pt", weights_only=True)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 import torch
+
+from tests.helpers import process
 
 pytestmark = [
     pytest.mark.vllm,
@@ -269,8 +270,8 @@ ENV_KEYS = {"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": 
 def cli(*args, timeout=300):
     import os
 
-    return subprocess.run([sys.executable, "-m", "bfspo.cli", *map(str, args)], env={**os.environ, **ENV_KEYS},
-                          capture_output=True, text=True, timeout=timeout)
+    return process.run([sys.executable, "-m", "bfspo.cli", *map(str, args)], env={**os.environ, **ENV_KEYS},
+                       capture_output=True, text=True, timeout=timeout)
 
 
 def test_zero_shot_greedy_evaluation_gives_the_same_answers_with_both_engines(model_dir, tmp_path):
@@ -309,16 +310,14 @@ def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(
 
     steps, out = 3, tmp_path / "vllm"
     args = train_args(answering_model_dir, train_data, out, "vllm", steps)
-    proc = subprocess.Popen([sys.executable, "-m", "bfspo.cli", *map(str, args)],
-                            env={**os.environ, **ENV_KEYS}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and not (out / "checkpoint" / "COMPLETE").exists():
-        time.sleep(0.05)
-    # Every process of the run, as Slurm kills a job: killed alone, the trainer would leave vLLM's
-    # engine-core process behind, orphaned.
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    with process.started([sys.executable, "-m", "bfspo.cli", *map(str, args)], env={**os.environ, **ENV_KEYS},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (out / "checkpoint" / "COMPLETE").exists():
+            time.sleep(0.05)
+        # Every process of the run, as Slurm kills a job: killed alone, the trainer would leave vLLM's
+        # engine-core process behind, orphaned.
+        process.kill_group(proc)
     assert not (out / "done.json").exists(), "the run finished before it could be killed"
     resumed = cli(*args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -344,9 +343,9 @@ def test_two_ranks_each_train_with_their_own_engine(answering_model_dir, train_d
     import torch
 
     out = tmp_path / "ddp"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                           "-m", "bfspo.cli", *map(str, train_args(answering_model_dir, train_data, out, "vllm", 2))],
-                          env={**os.environ, **ENV_KEYS}, capture_output=True, text=True, timeout=400)
+    proc = process.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                        "-m", "bfspo.cli", *map(str, train_args(answering_model_dir, train_data, out, "vllm", 2))],
+                       env={**os.environ, **ENV_KEYS}, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(torch.load(out / "checkpoint" / "state.pt", weights_only=True)["cursors"]) == 2
     rows = metrics(out)

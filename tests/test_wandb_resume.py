@@ -6,20 +6,20 @@ fragments, in the order `bfspo sync` passes them (oldest first), each read with 
 """
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from bfspo import tracking
 from bfspo.reporting.sync import offline_runs
+from tests.helpers import process
 
 ATTEMPT = Path(__file__).parent / "helpers" / "wandb_attempt.py"
 ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 
 
 def attempt(run_dir, n, first, last, kill=False) -> int:
-    proc = subprocess.run([sys.executable, str(ATTEMPT), str(run_dir), str(n), str(first), str(last)] + ["kill"] * kill,
-                          env=ENV, capture_output=True, text=True, timeout=300, start_new_session=True)
+    proc = process.run([sys.executable, str(ATTEMPT), str(run_dir), str(n), str(first), str(last)] + ["kill"] * kill,
+                       env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == (-9 if kill else 0), proc.stderr
     return int(proc.stdout.split()[0])
 

@@ -23,13 +23,14 @@ import yaml
 from bfspo.algorithm.advantages import keep_tree
 from bfspo.algorithm.tree import SearchTree
 from bfspo.errors import BfspoError
+from tests.helpers import process
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def snakemake(*args: str, cwd: Path = ROOT, timeout: int = 120, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return process.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
+                       timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def dry_run(*args: str) -> str:
@@ -351,10 +352,10 @@ def test_an_advantage_variant_is_one_table_entry_and_a_few_config_lines(tmp_path
     out = tmp_path / "run"
     values = dict(model=tiny_model_dir, train_data=train_data, benchmark="gsm8k_train", k=1, group_size=4, budget=24,
                   steps=1, train_batch=8, mini_batch=8, max_empty_steps=50, threads=1, log_trees=2, advantage="leaf")
-    proc = subprocess.run([sys.executable, str(script), "train", "--output-dir", str(out),
-                           "--set", *[f"{k}={v}" for k, v in values.items()]],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"})
+    proc = process.run([sys.executable, str(script), "train", "--output-dir", str(out),
+                        "--set", *[f"{k}={v}" for k, v in values.items()]],
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     trees = [SearchTree.from_dict(json.loads(line)) for line in (out / "trees/step_00001.jsonl").read_text().splitlines()]
     assert trees and all(t.advantage_kind == "leaf" for t in trees)
@@ -502,9 +503,9 @@ def test_a_duplicate_job_leaves_the_running_jobs_log_alone(tmp_path, command, ta
         (folder / f"{command}.log").write_text("the running job's output\n")
         (tmp_path / log).parent.mkdir(parents=True)
         (tmp_path / log).symlink_to(os.path.relpath(folder / f"{command}.log", (tmp_path / log).parent))
-        proc = subprocess.run([sys.executable, "-m", "snakemake", target, "--cores", "1", "--configfile",
-                               "config/test.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=300)
+        proc = process.run([sys.executable, "-m", "snakemake", target, "--cores", "1", "--configfile",
+                            "config/test.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
     assert proc.returncode != 0 and f"Error in rule {command}" in proc.stdout + proc.stderr
     kept = (folder / f"{command}.log").read_text()
     assert kept.startswith("the running job's output\n") and f"is in use by bfspo {command}" in kept, kept
@@ -520,8 +521,8 @@ def test_a_rerun_after_the_training_data_changed_retrains(tmp_path):
     target = "results/runs/toy-test_toy_bfspo_s0/done.json"
 
     def snakemake():
-        proc = subprocess.run([sys.executable, "-m", "snakemake", target, "--cores", "1", "--configfile",
-                               "config/test.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        proc = process.run([sys.executable, "-m", "snakemake", target, "--cores", "1", "--configfile",
+                            "config/test.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
         return json.loads((tmp_path / target).read_text())
 
@@ -535,8 +536,8 @@ def test_a_rerun_after_the_training_data_changed_retrains(tmp_path):
     assert second["adapter_sha256"] != first["adapter_sha256"]
     from bfspo import fingerprint
 
-    old = fingerprint.digest(fingerprint.folder_files(run_dir / "previous/adapter", "adapter"))
-    assert old == first["adapter_sha256"] and (run_dir / "previous/checkpoint").is_dir()
+    old = fingerprint.digest(fingerprint.folder_files(run_dir / "previous/1/adapter", "adapter"))
+    assert old == first["adapter_sha256"] and (run_dir / "previous/1/checkpoint").is_dir()
 
 
 @pytest.mark.slow
@@ -546,9 +547,9 @@ def test_a_two_rank_class_trains_data_parallel_through_the_rule(tmp_path):
 
     env = workflow_copy(tmp_path)
     config = write_config(tmp_path, "config/test.yaml", lambda c: c["resources"]["cpu"].update(ranks=2))
-    run = subprocess.run([sys.executable, "-m", "snakemake", "results/runs/toy-test_toy_bfspo_s0/done.json",
-                          "--cores", "2", "--configfile", str(config)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    run = process.run([sys.executable, "-m", "snakemake", "results/runs/toy-test_toy_bfspo_s0/done.json",
+                       "--cores", "2", "--configfile", str(config)],
+                      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     run_dir = tmp_path / "results/runs/toy-test_toy_bfspo_s0"
     state = torch.load(run_dir / "checkpoint/state.pt", weights_only=True)
@@ -563,8 +564,8 @@ def test_test_config_runs_end_to_end(tmp_path):
     with W&B offline: `bfspo sync --list` finds every run, which wandb's reader shows tagged with
     its tables, and each training step carries the sectioned metrics."""
     env = workflow_copy(tmp_path) | dict(WANDB_MODE="offline", WANDB_SILENT="true")
-    run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config/test.yaml"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    run = process.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config/test.yaml"],
+                      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     # issue 33: the closing message (the Snakefile's onsuccess) names the table, its figures and `bfspo sync`
     closing = run.stdout[run.stdout.index("The workflow finished."):]
@@ -586,8 +587,8 @@ def test_test_config_runs_end_to_end(tmp_path):
     assert (tmp_path / "results/tables/aes_consistency.md").is_file()
     check_offline_wandb_runs(tmp_path / "results", env)
 
-    again = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", "config/test.yaml"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    again = process.run([sys.executable, "-m", "snakemake", "-n", "--configfile", "config/test.yaml"],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
 
@@ -682,8 +683,8 @@ def test_the_breakdown_study_runs_at_ci_size(tmp_path):
     reading included, run end to end in the rehearsal and the toy's DAG.)"""
     env = workflow_copy(tmp_path)
     config = write_config(tmp_path, "config/toy-breakdown-hard.yaml", breakdown_at_ci_size)
-    run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", str(config)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    run = process.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", str(config)],
+                      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
 
     sft = {json.loads(line)["question"] for line in (tmp_path / "results/toy/data/train.jsonl").read_text().splitlines()}

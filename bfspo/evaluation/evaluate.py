@@ -22,16 +22,20 @@ settings, generates only the batches not yet on file and ends with the same samp
 an uninterrupted one (bfspo.evaluation.progress). Then DIR/samples.jsonl (one row per response) and
 DIR/summary.json, last, are written, each atomically. summary.json records the settings it was
 made with: a rerun with the same settings (and --meta) says it is already done and exits 0, and a
-rerun with other settings moves the finished files to DIR/previous/ (after its input checks pass,
-before it generates anything), so that they never sit beside a partial output of other settings
-looking finished. One process at a time may write DIR (bfspo.runlock).
+rerun with other settings moves the finished files, with their W&B run, to a new DIR/previous/<n>/
+(bfspo.history; after its input checks pass, before it generates anything), so that they never
+sit beside a partial output of other settings looking finished, and the new evaluation gets a W&B
+run of its own. One process at a time may write DIR (bfspo.runlock).
+
+What is scored is what is fingerprinted: the data file is read once, its bytes hashed and parsed,
+and the model, tokenizer and adapter files must be unchanged from their fingerprint to the end of
+the evaluation (bfspo.fingerprint), or no summary is written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -40,10 +44,10 @@ import numpy as np
 from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.rollout import make_engine
 from bfspo.rollout.base import Completion, RolloutEngine, needed_model_len
-from bfspo import console, fingerprint, runlock
+from bfspo import console, fingerprint, history, runlock
 from bfspo.device import DEVICES, resolve_device
 from bfspo.errors import BfspoError
-from bfspo.io import write_json, write_jsonl
+from bfspo.io import read_json, remove_temporaries, write_json, write_jsonl
 from bfspo.evaluation.metrics import bootstrap_ci
 from bfspo.evaluation.progress import Progress
 from bfspo.evaluation.protocol import check_protocol
@@ -111,10 +115,11 @@ def parse_meta(items: list[str]) -> dict[str, str]:
 
 
 def read_questions(path: Path, benchmark: Benchmark, limit: int | None = None,
-                   max_positions: int | None = None) -> list[dict]:
+                   max_positions: int | None = None, data: bytes | None = None) -> list[dict]:
     """The prepared rows of `path` (the first `limit`), read by `bfspo.tasks.rows.read_rows` (the rule
-    training follows too), each of the benchmark being evaluated where the row names one."""
-    rows = read_rows(path, limit, max_positions, benchmark.name)
+    training follows too) from `data`, the file's fingerprinted bytes, if given; each of the
+    benchmark being evaluated where the row names one."""
+    rows = read_rows(path, limit, max_positions, benchmark.name, data=data)
     if not rows:
         raise BfspoError(f"{path}: no questions")
     return rows
@@ -260,17 +265,22 @@ def run(args) -> int:
 def earlier_summary(out_dir: Path) -> dict:
     """The summary.json of an earlier evaluation in out_dir ({} if there is none, or it is unreadable)."""
     try:
-        summary = json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json(out_dir / "summary.json")
+    except BfspoError:
         return {}
-    return summary if isinstance(summary, dict) else {}
+
+
+# An evaluation's own files in its folder, summary.json (what marks it finished) first; its partial
+# output (bfspo.evaluation.progress) stays: it is resumed, or replaced when of other settings.
+EVALUATION_FILES = ("summary.json", "samples.jsonl", "wandb_id.txt", "wandb")
 
 
 def set_aside(out_dir: Path, settings: dict, meta: dict) -> None:
-    """Move the files of an earlier evaluation (summary.json first, then samples.jsonl) to
-    out_dir/previous/, replacing what an even earlier one left there, and say which settings differ."""
-    found = [out_dir / name for name in ("summary.json", "samples.jsonl") if (out_dir / name).exists()]
-    if not found:
+    """Move an earlier evaluation's files (`EVALUATION_FILES`, its W&B run with them) to a new
+    out_dir/previous/<n>/, keeping every earlier one (bfspo.history), and say which settings differ.
+    Nothing is moved without a summary.json or samples.jsonl: a W&B run alone is an attempt of the
+    evaluation being resumed."""
+    if not ((out_dir / "summary.json").exists() or (out_dir / "samples.jsonl").exists()):
         return
     old = earlier_summary(out_dir)
     recorded = old.get("settings")
@@ -279,43 +289,48 @@ def set_aside(out_dir: Path, settings: dict, meta: dict) -> None:
         differ = "other " + ", ".join(differ)
     else:
         differ = "settings it did not record"
-    previous = out_dir / "previous"
-    shutil.rmtree(previous, ignore_errors=True)
-    previous.mkdir()
-    for path in found:
-        path.rename(previous / path.name)
-    console.line(f"{out_dir}: moved the {' and '.join(p.name for p in found)} of an earlier evaluation ({differ}) "
-                 f"to {previous}; starting over")
+    found = [name for name in EVALUATION_FILES if (out_dir / name).exists()]
+    moved = history.set_aside(out_dir, found)
+    listed = " and ".join([", ".join(found[:-1]), found[-1]] if len(found) > 1 else found)
+    console.line(f"{out_dir}: moved the {listed} of an earlier evaluation ({differ}) to {moved}, where they stay "
+                 "until you delete them; starting over")
 
 
-def fingerprints(args) -> dict[str, str | None]:
+def fingerprints(args, data: dict[str, str], stamps: dict[str, list[int]]) -> dict[str, str | None]:
     """What is evaluated, by content (bfspo.fingerprint): the base model's network and tokenizer, the
-    adapter (None without one) and the data. summary.json records them under `settings`, so that a
+    adapter (None without one) and the data (`data`, the fingerprint of the bytes read); each model
+    and adapter file's stamp goes to `stamps`. summary.json records them under `settings`, so that a
     table pairs an adapter only with the base model its run was trained on (bfspo.reporting.summaries)."""
-    model = fingerprint.model_inputs(args.model)
+    model = fingerprint.model_inputs(args.model, stamps)
     adapter = None
     if args.adapter is not None:
         read_adapter_config(args.adapter)  # a missing or non-adapter folder, named
-        adapter = fingerprint.digest(fingerprint.folder_files(args.adapter, "adapter"))
+        adapter = fingerprint.digest(fingerprint.folder_files(args.adapter, "adapter", stamps))
     return {"model": fingerprint.digest(model["model"]), "tokenizer": fingerprint.digest(model["tokenizer"]),
-            "adapter": adapter, "data": fingerprint.digest(fingerprint.data_files(args.data))}
+            "adapter": adapter, "data": fingerprint.digest(data)}
 
 
 def evaluate(args) -> int:
     benchmark = get_benchmark(args.benchmark)
     meta = parse_meta(args.meta)
     budget, samples, temperature = protocol_of(args)
+    moved = history.finish_set_aside(args.out_dir, lambda: [n for n in EVALUATION_FILES if (args.out_dir / n).exists()])
+    if moved is not None:
+        console.line(f"{args.out_dir}: finished moving an earlier evaluation to {moved}, which a kill had interrupted")
+    remove_temporaries(args.out_dir)
+    data, data_print = fingerprint.read_data(args.data)  # the bytes hashed are the bytes scored
+    stamps: dict[str, list[int]] = {}
     settings = {"benchmark": benchmark.name, "model": args.model, "adapter": args.adapter, "data": str(args.data),
                 "limit": args.limit, "budget": budget, "samples": samples, "temperature": temperature,
                 "seed": args.seed, "batch_size": args.batch_size, "engine": args.engine,
-                "fingerprints": fingerprints(args)}
+                "fingerprints": fingerprints(args, data_print, stamps)}
     settings = json.loads(json.dumps(settings))
     earlier = earlier_summary(args.out_dir)
     if earlier.get("settings") == settings and earlier.get("meta") == meta:
         print(f"{args.out_dir}: already done with these settings (summary.json); delete it to evaluate again")
         return 0
     max_positions = getattr(load_config(args.model), "max_position_embeddings", None)
-    rows = read_questions(args.data, benchmark, args.limit, max_positions)
+    rows = read_questions(args.data, benchmark, args.limit, max_positions, data)
     if args.threads:
         import torch
 
@@ -325,6 +340,7 @@ def evaluate(args) -> int:
     prompts = [prompt_ids(tokenizer, benchmark, row["question"]) for row in rows]
     check_lengths(rows, prompts, budget, max_positions)
     engine = build_engine(args, tokenizer, needed_model_len([len(p) for p in prompts], budget))
+    fingerprint.check_unchanged(stamps, "loading the model")
     batches = question_batches(prompts, max(1, args.batch_size // samples))
     set_aside(args.out_dir, settings, meta)
     batch_ids = [[rows[i]["id"] for i in batch] for batch in batches]
@@ -358,6 +374,7 @@ def evaluate(args) -> int:
                "generation_seconds": round(seconds, 3),
                "generated_tokens_per_s": round(sum(s["num_tokens"] for s in scored) / max(seconds, 1e-9), 1),
                "meta": meta, "settings": settings}
+    fingerprint.check_unchanged(stamps, "the evaluation")  # vLLM loads an adapter at its first request
     if args.wandb_project:
         log_to_wandb(summary, scored, args)
     write_json(args.out_dir / "summary.json", summary)

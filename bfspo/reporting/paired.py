@@ -6,8 +6,9 @@ seeded order (`Trainer.next_questions`: the permutation depends on the seed and 
 and initialises LoRA from the same torch seed; the methods differ in how many questions a batch
 takes. So seed s of two methods share their starting point and their data, and the per-seed
 difference cancels what the seeds share. `check_pairing` verifies it from the runs themselves:
-the same model, training data and seed in config.json, and question orders of which the shorter
-is a prefix of the longer (the question ids of the logged trees, in the order they were drawn).
+the same model and training data (by content: inputs.json, `run_pairing`) and seed, and question
+orders of which the shorter is a prefix of the longer (the question ids of the logged trees, in the
+order they were drawn).
 
 For each contrast (by default: each method after the first against the first, the baseline),
 each column and each metric (accuracy, average length, AES), with d_s = method - baseline on seed s
@@ -185,8 +186,21 @@ def logged_trees(run_dirs: list[Path], orders: dict[Path, list[str]]):
             yield d, tree
 
 
+def run_pairing(run_dir: Path) -> dict:
+    """What pairs a run with another: its seed (config.json) and its model, tokenizer and training
+    data by content, as inputs.json records them (a run is its inputs' content, not their paths:
+    docs/workflow.md), or by path for a run that recorded none."""
+    from bfspo.fingerprint import RUN_INPUTS
+
+    config = read_json(run_dir / "config.json")
+    inputs = read_json(run_dir / RUN_INPUTS) if (run_dir / RUN_INPUTS).is_file() else {}
+    model = {k: inputs[k] for k in ("model", "tokenizer") if k in inputs} or config.get("model")
+    data = sorted(inputs["train_data"].values()) if isinstance(inputs.get("train_data"), dict) else config.get("train_data")
+    return {"model": model, "train_data": data, "seed": config.get("seed")}
+
+
 def check_pairing(configs: dict[str, dict], orders: dict[str, list[str]], seed) -> None:
-    """The runs of one seed (method -> config.json, method -> question order) share their model,
+    """The runs of one seed (method -> `run_pairing`, method -> question order) share their model,
     training data and seed, and the shorter question order is a prefix of every longer one."""
     for key in ("model", "train_data", "seed"):
         values = {m: c.get(key) for m, c in configs.items()}
@@ -216,7 +230,7 @@ def per_seed(spec: dict, scored: pd.DataFrame, runs_dir: Path) -> tuple[pd.DataF
         trees[method] = tree_stats(logged_trees([runs_dir / g.run.iloc[0] for g in runs.values()], orders))
         for seed, g in runs.items():
             run_dir = runs_dir / g.run.iloc[0]
-            by_seed.setdefault(seed, {})[method] = (read_json(run_dir / "config.json"), orders[run_dir])
+            by_seed.setdefault(seed, {})[method] = (run_pairing(run_dir), orders[run_dir])
             row = dict(method=method, seed=seed, run=g.run.iloc[0], questions_drawn=len(orders[run_dir]))
             for col in spec["columns"]:
                 cell = g[g.benchmark == col["benchmark"]]

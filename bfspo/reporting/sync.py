@@ -56,8 +56,8 @@ class Run:
 def offline_runs(results: Path) -> list[Path]:
     """Every offline run folder (one holding its run-<id>.wandb file) under results, oldest first
     (folders started in the same second: by path). A run under a `previous/` folder is left out: it
-    was set aside when its inputs changed (bfspo/training/trainer.py `set_aside`), and its steps
-    would show beside those of the run that replaced it."""
+    was set aside, with the training run or evaluation it logged, when the inputs or settings changed
+    (bfspo/history.py), and its steps would show beside those of the run that replaced it."""
     if not results.is_dir():
         raise BfspoError(f"{results}: no such results folder")
     runs = [p for p in results.rglob("offline-run-*") if p.is_dir() and any(p.glob("run-*.wandb"))

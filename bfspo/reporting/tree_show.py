@@ -55,7 +55,7 @@ def _show(args: argparse.Namespace) -> int:
         from bfspo.detokenize import token_texts
 
         try:
-            tok = AutoTokenizer.from_pretrained(args.tokenizer)
+            tok = AutoTokenizer.from_pretrained(args.tokenizer, trust_remote_code=False)  # never a folder's code
         except (OSError, ValueError) as e:
             raise BfspoError(f"cannot load tokenizer {args.tokenizer!r}: {e}") from None
 

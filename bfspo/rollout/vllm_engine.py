@@ -176,7 +176,8 @@ class VLLMEngine:
         try:
             self.llm = vllm.LLM(model=model_path, enable_prefix_caching=True, tensor_parallel_size=tensor_parallel_size,
                                 max_model_len=max_model_len, max_num_seqs=max_num_seqs, dtype=dtype, seed=seed,
-                                logprobs_mode="raw_logprobs", **platform_kw, **lora_kw, **launch_options())
+                                logprobs_mode="raw_logprobs", trust_remote_code=False,  # never a folder's code
+                                **platform_kw, **lora_kw, **launch_options())
         finally:
             signal.signal(signal.SIGUSR1, previous)
         self._SamplingParams = vllm.SamplingParams

@@ -41,13 +41,15 @@ def _json_type(value) -> str:
 
 
 def read_rows(path: str | os.PathLike, limit: int | None = None, max_positions: int | None = None,
-              benchmark: str | None = None) -> list[dict]:
+              benchmark: str | None = None, data: bytes | None = None) -> list[dict]:
     """The rows of `path` (its first `limit`), each with `id`, `question` and `answer` as text and any
-    other fields as they are. A missing, empty or mistyped field, a duplicate id, a question of more
-    than `max_positions` x BYTES_PER_TOKEN bytes, or (given `benchmark`) a row that names another
+    other fields as they are; parsed from `data`, the file's bytes already read and fingerprinted
+    (bfspo.fingerprint.read_data), if given. A row that is not a JSON object (or nests too deeply:
+    bfspo.io), a missing, empty or mistyped field, a duplicate id, a question of more than
+    `max_positions` x BYTES_PER_TOKEN bytes, or (given `benchmark`) a row that names another
     benchmark is an error naming the file and line."""
     rows, seen = [], {}
-    for lineno, row in read_jsonl(path):
+    for lineno, row in read_jsonl(path, data=data):
         if limit is not None and len(rows) == limit:
             break
         try:

@@ -233,7 +233,7 @@ def check_reload(model_dir: Path, examples: Sequence[tuple[list[int], int]], row
     token sequences it never saw."""
     from transformers import AutoTokenizer
 
-    reloaded = AutoTokenizer.from_pretrained(model_dir)
+    reloaded = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     for row, example in zip(rows, examples):
         if encode(reloaded, row) != example:
             raise BfspoError(f"toy sft: the tokenizer saved in {model_dir} encodes row {row.get('id', '?')} "

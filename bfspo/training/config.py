@@ -29,17 +29,44 @@ from bfspo.errors import BfspoError
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-# Fields that say how a run is observed, threaded or checkpointed, not what it trains: a run
-# directory resumes under a command that changes them (e.g. the same run shown by another
-# config's table, which names another W&B group).
+# Fields that say how a run is observed, threaded or checkpointed, or how much memory it takes, not
+# what it trains: a run directory resumes under a command that changes them (e.g. the same run shown
+# by another config's table, which names another W&B group, or a run resumed with less memory after
+# an OOM). None of them changes which questions or samples are trained on; the memory and attention
+# ones change at most the float rounding of the same computation.
 OBSERVATION_FIELDS = frozenset({"threads", "save_every", "log_trees", "wandb_project", "wandb_group", "wandb_mode",
                                 "wandb_tags", "run_name", "method_key", "model_label", "tables", "val_every",
                                 "val_data", "val_benchmark", "val_questions", "collective_timeout_min",
-                                "micro_batch_tokens",  # memory only: a run resumes with a smaller one after an OOM
+                                # memory only: smaller micro-batches; activations recomputed in the backward
+                                # pass (the same operations on the same values)
+                                "micro_batch_tokens", "gradient_checkpointing",
                                 # how the same attention is computed (float rounding only): a run whose
                                 # flex kernel fails resumes with tree_attention: blockwise
                                 "tree_attention", "attention_bucket",
                                 "device"})  # where: `cuda` (the workflow's GPU classes) is `auto` on a GPU node
+# Where the inputs are: a run is the content of its model, tokenizer and training data, which
+# inputs.json records and each start compares (bfspo.fingerprint), not their paths. The same bytes
+# moved or copied elsewhere (a results folder moved, a hub id's snapshot given as a folder) are the
+# same run; other bytes at any path are other inputs (the run is set aside and trained afresh).
+INPUT_PATHS = frozenset({"model", "train_data"})
+# vLLM's memory: the most sequences it runs at once and its KV cache. Memory only where vLLM is not
+# the engine (unused), or where the rollout is lockstep and every request carries its own seed: a
+# sample then depends on its place in its tree, not on what ran beside it. Elsewhere they change
+# the samples: a streamed rollout adds questions as the engine has room (max_num_seqs) and as trees
+# finish (the KV cache paces them), which moves the data order of later steps; and an engine seeded
+# once hands its random numbers out in the order its scheduler runs the requests.
+VLLM_MEMORY_FIELDS = frozenset({"gpu_memory_utilization", "max_num_seqs"})
+
+
+def identity_ignores(values: dict) -> frozenset[str]:
+    """The fields in which a run directory's config.json may differ from `values` (a config's
+    `to_dict()`) and still hold the run that `values` asks for: OBSERVATION_FIELDS, INPUT_PATHS
+    (compared by content instead), and VLLM_MEMORY_FIELDS where they cannot change a sample."""
+    engine = values.get("engine")
+    seeded_lockstep = (resolve_rollout(values.get("rollout", "auto"), engine) == "lockstep"
+                       and values.get("per_request_seeds") is True)
+    memory = VLLM_MEMORY_FIELDS if engine != "vllm" or seeded_lockstep else frozenset()
+    return OBSERVATION_FIELDS | INPUT_PATHS | memory
 
 
 MAX_LR = 1.0
@@ -192,7 +219,9 @@ class TrainConfig:
         "help": "'cuda', 'cpu' or 'auto' (CUDA if torch can use it, else the CPU). 'cuda' without a usable CUDA "
                 "device stops the run at once, naming torch's CUDA build, the driver and CUDA_VISIBLE_DEVICES "
                 "(bfspo/device.py); the workflow passes it to the jobs of GPU size classes."})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in the backward pass."})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "help": "Recompute activations in the backward pass: less memory, the same numbers (a run resumes with it "
+                "changed)."})
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)."})
     seed: int = field(default=0, metadata={"help": "Seed of the data order, the rollouts and LoRA's initialisation."})
     save_every: int = field(default=10, metadata={"help": "Write a checkpoint every this many steps (and at the end)."})

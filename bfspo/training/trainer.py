@@ -18,8 +18,8 @@ Each step (one training batch):
 The run directory holds config.json, inputs.json (the fingerprints of the training data, base
 model and tokenizer: bfspo.fingerprint), metrics.jsonl, trees/, checkpoint/, the final adapter/
 and, written last, done.json. Running the same command again resumes from the last checkpoint, or
-says that the run is finished; if the inputs changed since, it moves the old run to previous/ and
-starts over (`prepare_run_dir`).
+says that the run is finished; if the inputs changed since, it moves the old run to a new
+previous/<n>/ and starts over (`prepare_run_dir`, bfspo.history).
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bfspo import console, fingerprint, runlock
+from bfspo import console, fingerprint, history, runlock
 from bfspo.device import resolve_device
 from bfspo.training import batching, checkpoint, dist, step_metrics, validation
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
-from bfspo.training.config import OBSERVATION_FIELDS, TrainConfig, load_train_config
+from bfspo.training.config import TrainConfig, identity_ignores, load_train_config
 from bfspo.training.samples import sample_table
 from bfspo.errors import BfspoError
-from bfspo.io import append_line, atomic_write_text, read_json, read_jsonl, write_json
+from bfspo.io import append_line, atomic_write_text, read_json, read_jsonl, remove_temporaries, write_json
 from bfspo.algorithm.packing import n_entries
 from bfspo.rollout.rescore import RescoredEngine
 from bfspo.rollout.streamed import StreamedSearch, resolve_rollout
@@ -64,11 +64,12 @@ class Question:
     gold: str
 
 
-def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None, split: str = "train") -> list[Question]:
+def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None, split: str = "train",
+                   data: bytes | None = None) -> list[Question]:
     """Tokenised prompts of the training set (its first `cfg.limit`, if set), or with split "val" of
     the held-out set (its first `cfg.val_questions`); rows are read by `bfspo.tasks.rows.read_rows`
-    (the rule evaluation follows too), and an empty set or a prompt with no room for the budget is
-    an error."""
+    (the rule evaluation follows too) from `data`, the file's bytes that the run fingerprinted, if
+    given. An empty set or a prompt with no room for the budget is an error."""
     from bfspo.tasks.benchmarks import get_benchmark
     from bfspo.tasks.prompts import prompt_ids
     from bfspo.tasks.rows import read_rows
@@ -77,7 +78,7 @@ def load_questions(cfg: TrainConfig, tokenizer, max_positions: int | None, split
                               else (cfg.val_data, cfg.val_benchmark or cfg.benchmark, cfg.val_questions))
     get_benchmark(benchmark)
     questions = []
-    for row in read_rows(path, limit or None, max_positions):
+    for row in read_rows(path, limit or None, max_positions, data=data):
         ids = prompt_ids(tokenizer, benchmark, row["question"])
         if max_positions is not None and len(ids) + cfg.budget > max_positions:
             raise BfspoError(f"{path}: question {row['id']!r}: the prompt ({len(ids)} tokens) plus the budget "
@@ -121,7 +122,8 @@ def read_metrics(path: Path) -> list[tuple[int, dict]]:
 class Trainer:
     """Holds the model, optimizer, engine and data cursor of one run; `fit()` runs it to the end."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path):
+    def __init__(self, cfg: TrainConfig, run_dir: Path, train_data: bytes | None = None):
+        """`train_data`: the training file's bytes that the run fingerprinted (read from the file if None)."""
         from peft import LoraConfig, get_peft_model
 
         from bfspo.rollout import make_engine
@@ -151,7 +153,7 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         max_positions = getattr(base.config, "max_position_embeddings", None)
-        self.questions = load_questions(cfg, self.tokenizer, max_positions)
+        self.questions = load_questions(cfg, self.tokenizer, max_positions, data=train_data)
         self.val_questions = load_questions(cfg, self.tokenizer, max_positions, "val") if cfg.val_every else []
         if cfg.engine == "vllm":  # make_engine rescores vLLM's rollouts on the training side (RescoredEngine)
             self.engine = make_engine(
@@ -495,68 +497,101 @@ class Trainer:
                                                 "adapter_sha256": adapter, "nonfinite": self.nonfinite})
 
 
-PREVIOUS_NAME = "previous"
 # what an earlier run leaves that a start must check: its record, a checkpoint to resume, done.json
 RUN_RECORDS = ("config.json", fingerprint.RUN_INPUTS, "done.json", checkpoint.NAME, f"{checkpoint.NAME}.old")
 # what stays when a run is moved aside: the log every attempt appends to (the workflow's shell holds it
 # open), the lock this process holds, and the folder the run moves to
-KEPT = ("train.log", runlock.LOCK_NAME, PREVIOUS_NAME)
+KEPT = ("train.log", runlock.LOCK_NAME, history.PREVIOUS_NAME)
 
 
-def run_inputs(cfg: TrainConfig) -> dict[str, dict[str, str]]:
-    """The fingerprints that, with the config, make a run what it is: the training data's bytes, the
-    base model's config and weights, and its tokenizer (bfspo.fingerprint). val_data is left out, as
-    it is from the config's comparison (OBSERVATION_FIELDS): it is observed, not trained on."""
-    return {"train_data": fingerprint.data_files(cfg.train_data), **fingerprint.model_inputs(cfg.model)}
+def run_inputs(cfg: TrainConfig, data: dict[str, str], stamps: dict[str, list[int]]) -> dict[str, dict[str, str]]:
+    """The fingerprints that, with the config, make a run what it is: the training data's bytes
+    (`data`, of the bytes the run trains on: bfspo.fingerprint.read_data), the base model's config
+    and weights, and its tokenizer, each file's stamp put in `stamps` (checked once the model has
+    loaded: `check_loaded`). val_data is left out, as it is from the config's comparison
+    (`identity_ignores`): it is observed, not trained on."""
+    return {"train_data": data, **fingerprint.model_inputs(cfg.model, stamps)}
+
+
+def check_loaded(data: dict[str, str], stamps: dict[str, list[int]]) -> None:
+    """Once every rank has loaded its model and data: each rank's training bytes are those rank 0
+    fingerprinted, and no model or tokenizer file rank 0 fingerprinted (`stamps`, empty on the
+    other ranks) was replaced or written to since. Otherwise a BfspoError on every rank, before
+    inputs.json is written: the run would not be what it records."""
+    dist.barrier()
+    try:
+        fingerprint.check_unchanged(stamps, "loading the model")
+        problem = None
+    except BfspoError as e:
+        problem = str(e)
+    views = dist.gather((data, problem))
+    problem = views[0][1] or next((f"rank {r} read other training data bytes than rank 0 fingerprinted "
+                                   "(the file changed while the ranks started); run the command again"
+                                   for r, (theirs, _) in enumerate(views) if theirs != views[0][0]), None)
+    if problem:
+        raise BfspoError(problem)
 
 
 def prepare_run_dir(cfg: TrainConfig, run_dir: Path, inputs: dict[str, dict[str, str]]) -> bool:
     """Check the run directory against the config and the fingerprints of the inputs (`run_inputs`);
-    False if the run there already finished. A finished run is checked as an unfinished one is:
+    False if the run there already finished. First, a move to previous/ that a kill interrupted is
+    completed, and the temporary files of killed writes are removed. A finished run is checked as
+    an unfinished one is:
 
-    - another config (fields other than OBSERVATION_FIELDS: W&B group, checkpoint period, ...) is an
-      error naming the fields, since the directory holds another run than the command asks for;
-      with only OBSERVATION_FIELDS changed, an unfinished run resumes and records the new values;
+    - another config (fields other than those `identity_ignores`: W&B group, checkpoint period,
+      memory-only settings, ...) is an error naming the fields, since the directory holds another
+      run than the command asks for; with only those changed, an unfinished run resumes and records
+      the new values;
     - the same config on inputs whose content changed (the data or the model rebuilt at the same
       path, as a Snakemake rerun after an input change does), or whose fingerprints the run did not
-      record, is the command's run on new inputs: the old run is moved to previous/ (`set_aside`) and
-      the run starts from step 0. Its checkpoint is never resumed, nor its adapter published again.
+      record, is the command's run on new inputs: the old run is moved to a new previous/<n>/
+      (`set_aside`) and the run starts from step 0. Its checkpoint is never resumed, nor its adapter
+      published again.
 
     config.json and inputs.json are written by `run` only once the model and data have loaded, so a
     start that fails on them leaves no config to refuse the corrected command.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
+    moved = history.finish_set_aside(run_dir, lambda: run_entries(run_dir))
+    if moved is not None:
+        console.line(f"{run_dir}: finished moving an earlier run to {moved}, which a kill had interrupted")
+    for folder in (run_dir, run_dir / "trees"):
+        remove_temporaries(folder)
     saved, new = run_dir / "config.json", cfg.to_dict()
     if saved.exists():
         old = read_json(saved)
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in OBSERVATION_FIELDS)
+        ignored = identity_ignores(new)
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in ignored)
         if diff:
             raise BfspoError(f"{run_dir} holds a run with a different config ({', '.join(diff)}); "
                              "use another --output-dir or delete it")
     if not any((run_dir / name).exists() for name in RUN_RECORDS):
         return True
     recorded = read_json(run_dir / fingerprint.RUN_INPUTS) if (run_dir / fingerprint.RUN_INPUTS).exists() else {}
-    differ = fingerprint.changed(recorded if isinstance(recorded, dict) else {}, inputs)
+    differ = fingerprint.changed(recorded, inputs)
     if differ:
         set_aside(run_dir, differ)
         return True
     return not (run_dir / "done.json").exists()
 
 
+def run_entries(run_dir: Path) -> list[str]:
+    """The entries of the run in run_dir: all but `KEPT`."""
+    return sorted(p.name for p in run_dir.iterdir() if p.name not in KEPT)
+
+
 def set_aside(run_dir: Path, differ: list[str]) -> None:
-    """Move an earlier run's files to run_dir/previous/ (replacing what an even earlier one left there),
-    all but `KEPT`: its checkpoints, adapter, done.json, metrics, trees and W&B run first, then
-    inputs.json and config.json, so that a kill midway leaves the records that make the next start
-    move the rest. `bfspo sync` never uploads a W&B run under previous/."""
-    previous = run_dir / PREVIOUS_NAME
-    shutil.rmtree(previous, ignore_errors=True)
-    previous.mkdir()
-    last = (fingerprint.RUN_INPUTS, "config.json")
-    moved = sorted((p for p in run_dir.iterdir() if p.name not in KEPT), key=lambda p: (p.name in last, p.name == last[1]))
-    for path in moved:
-        path.rename(previous / path.name)
+    """Move the earlier run in run_dir (all but `KEPT`: its checkpoints, adapter, done.json, metrics,
+    trees, config, inputs and W&B run) to a new run_dir/previous/<n>/, crash-safe and keeping every
+    earlier one (bfspo.history), and say what was moved: a finished run or an unfinished one.
+    `bfspo sync` never uploads a W&B run under previous/; the new run gets a W&B run of its own."""
+    what = "a finished run (done.json, adapter/)" if (run_dir / "done.json").exists() else "an unfinished run"
+    wandb_id = run_dir / "wandb_id.txt"
+    if wandb_id.is_file():
+        what += f" and its W&B run {wandb_id.read_text(errors='replace').strip()}"
+    moved = history.set_aside(run_dir, run_entries(run_dir))
     console.line(f"{run_dir}: its inputs changed since the run there was made ({'; '.join(differ)}): moved that "
-                 f"run to {previous}; training from step 0")
+                 f"run, {what}, to {moved}, where it stays until you delete it; training from step 0")
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -579,13 +614,16 @@ def run(args: argparse.Namespace) -> int:
                          f"{device.type}); set tree_attention: blockwise, or auto")
     rank, _ = dist.setup(cfg.collective_timeout_min, device)
     with runlock.hold(run_dir, "train") if rank == 0 else contextlib.nullcontext():
-        inputs = run_inputs(cfg) if rank == 0 else {}
+        data, data_print = fingerprint.read_data(cfg.train_data)  # the bytes hashed are the bytes trained on
+        stamps: dict[str, list[int]] = {}
+        inputs = run_inputs(cfg, data_print, stamps) if rank == 0 else {}
         fresh = prepare_run_dir(cfg, run_dir, inputs) if rank == 0 else True
         if not dist.gather(fresh)[0]:
             print(f"{run_dir}: already finished (done.json exists) with this config and these inputs")
             return 0
         try:
-            trainer = Trainer(cfg, run_dir)
+            trainer = Trainer(cfg, run_dir, data)
+            check_loaded(data_print, stamps)
             if rank == 0:
                 write_json(run_dir / fingerprint.RUN_INPUTS, inputs)
                 write_json(run_dir / "config.json", cfg.to_dict())
