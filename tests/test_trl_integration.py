@@ -19,10 +19,10 @@ from bfspo.algorithm.advantages import assign_advantages, assign_rewards
 from bfspo.algorithm.loss import EPS_HIGH, EPS_LOW
 from bfspo.algorithm.packing import n_entries
 from bfspo.algorithm.search import build_trees
-from tests.helpers.trees import load_float32_model, with_old_logprobs
+from tests.helpers.trees import with_old_logprobs
+from tests.helpers.trl_replay import BUDGET, lora_grads, lora_model, replay_step
 
 ROOT = Path(__file__).resolve().parents[1]
-BUDGET = 16
 
 
 def test_nothing_below_the_integrations_imports_them_or_trl():
@@ -91,24 +91,6 @@ def test_config_fields_come_from_train_config_and_bad_settings_are_refused(trl, 
 # --- the same trees, the same update ---------------------------------------------------------------
 
 
-def lora_model(model_dir):
-    """The tiny model with LoRA on every projection, its B matrices random (seeded), so that the
-    A matrices get gradients too."""
-    from peft import LoraConfig, get_peft_model
-
-    from bfspo.training.config import LORA_TARGETS
-
-    torch.manual_seed(0)
-    model = get_peft_model(load_float32_model(model_dir), LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS,
-                                                                     task_type="CAUSAL_LM"))
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    return model
-
-
 def search_trees(model, tokenizer, k: int, questions: list[str]):
     """Algorithm 1 on `questions` with the transformers engine, G = 3 (4 at K = 0); a chain is
     "correct" when its length is even (the tiny model answers nothing right), so trees hold both
@@ -123,40 +105,6 @@ def search_trees(model, tokenizer, k: int, questions: list[str]):
         assign_rewards(tree)
         assign_advantages(tree, "branch")
     return with_old_logprobs(model, trees, noise=0.5)
-
-
-def lora_grads(model) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-
-
-def replay_step(trl, model, tokenizer, trees, tmp_path, **settings) -> tuple[float, dict]:
-    """One optimizer step of a BFSPOTrainer whose generation batches are `trees`: (the loss TRL logs,
-    the LoRA gradients before the optimizer step, unclipped)."""
-    from datasets import Dataset
-    from transformers import TrainerCallback
-
-    from bfspo.integrations.trl import BFSPOConfig, BFSPOTrainer
-
-    class Replay(BFSPOTrainer):
-        def grow_trees(self, rows):
-            return copy.deepcopy(trees)
-
-    grads = {}
-
-    class Capture(TrainerCallback):
-        def on_pre_optimizer_step(self, args, state, control, **kw):
-            grads.update(lora_grads(trainer.model))
-
-    group = len(trees[0].root_children)
-    config = BFSPOConfig(output_dir=str(tmp_path / "replay"), num_generations=group, max_completion_length=BUDGET,
-                         per_device_train_batch_size=group * len(trees), max_steps=1, max_grad_norm=0.0,
-                         learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-                         bf16=False, gradient_checkpointing=False, disable_tqdm=True, **settings)
-    trainer = Replay(model=model, reward_funcs=lambda completions, **_: [0.0] * len(completions), args=config,
-                     processing_class=tokenizer, callbacks=[Capture()],
-                     train_dataset=Dataset.from_list([{"prompt": f"question {i}"} for i in range(8)]))
-    trainer.train()
-    return trainer.state.log_history[0]["loss"], grads
 
 
 def assert_same_update(loss_a, grads_a, loss_b, grads_b, tol=1e-6):
@@ -185,8 +133,33 @@ def test_one_step_on_given_trees_equals_our_trainers_update(trl, tiny_model_dir,
     acc = minibatch_backward(ours, trees, micro_batch_tokens=48, normalizer=sum(n_entries(t) for t in trees),
                              eps_low=EPS_LOW, eps_high=EPS_HIGH)
     assert acc.micro_batches > 1 and 0 < acc.stats["clip_frac"] < 1
-    loss, grads = replay_step(trl, theirs, tokenizer, trees, tmp_path, k=3, filter="none")
+    loss, grads = replay_step(theirs, tokenizer, trees, tmp_path / "replay", k=3, filter="none")
     assert_same_update(acc.loss, lora_grads(ours), loss, grads)
+
+
+@pytest.mark.slow
+def test_two_processes_train_what_one_process_trains(trl, tiny_model_dir, tmp_path):
+    """DDP: `accelerate launch` on 2 processes, each replaying one of the two trees, takes the step
+    that one process takes on both (the loss normalised by the unique tokens of both processes, the
+    gradients summed, not averaged, over them), to 1e-6."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = lora_model(tiny_model_dir)
+    trees = search_trees(model, tokenizer, k=3, questions=["Tom has 3 apples.", "A shop sells 12 pens a day."])
+    assert len({t.n_tokens for t in trees}) == 2, "trees of different sizes: a plain mean over processes would differ"
+    (tmp_path / "trees.jsonl").write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trees))
+    one = replay_step(lora_model(tiny_model_dir), tokenizer, trees, tmp_path / "one", k=3, filter="none")
+    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           str(ROOT / "tests" / "helpers" / "trl_replay.py"), str(tiny_model_dir), str(tmp_path / "trees.jsonl"),
+           str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    two = torch.load(tmp_path / "step.pt", weights_only=True)
+    assert two["processes"] == 2
+    assert_same_update(*one, two["loss"], two["grads"])
 
 
 @pytest.mark.slow
@@ -225,7 +198,7 @@ def test_at_k0_one_step_equals_trls_dapo_loss(trl, tiny_model_dir, tmp_path):
     grpo.model.eval()  # TRL's eval mode: the whole batch, no accumulation rescaling (no dropout either way)
     trl_loss = grpo._compute_loss(grpo.model, inputs)
     trl_loss.backward()
-    loss, grads = replay_step(trl, theirs, tokenizer, trees, tmp_path, k=0, filter="none")
+    loss, grads = replay_step(theirs, tokenizer, trees, tmp_path / "replay", k=0, filter="none")
     assert_same_update(trl_loss.item(), lora_grads(grpo.model), loss, grads)
 
 
