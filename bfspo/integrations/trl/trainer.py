@@ -121,7 +121,9 @@ def unsupported_settings(args: BFSPOConfig, reward_funcs) -> list[str]:
     if args.eval_strategy != "no":
         problems.append("evaluation during training (eval_strategy) is not supported: evaluate the saved adapter "
                         "with `bfspo evaluate`")
-    funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    funcs = reward_funcs if isinstance(reward_funcs, list) else [] if reward_funcs is None else [reward_funcs]
+    if not funcs:
+        problems.append("no reward function: BFS-PO needs one for each chain's verdict (e.g. verifier_reward)")
     for f in funcs:
         if isinstance(f, (str, torch.nn.Module)) or not callable(f) or _is_async(f):
             problems.append(f"reward function {f!r}: BFS-PO reads a verdict per chain from plain (synchronous) "
