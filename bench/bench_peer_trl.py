@@ -1,8 +1,7 @@
-"""The project's DAPO and BFS-PO (K = 3) against a peer, TRL's GRPOTrainer with the DAPO loss, at equal
-work (issue 32, item 5).
+"""The project's DAPO and BFS-PO (K = 3) against a peer, TRL's GRPOTrainer with the DAPO loss, and BFS-PO
+as a TRL trainer (bfspo.integrations.trl), at equal work (issue 32, item 5; issue 40).
 
-    make bench-peer-setup        # .venv-bench: `make setup`'s set plus the `bench` extra (trl), the lock as constraints
-    .venv-bench/bin/python -m bench.bench_peer_trl --rounds 5 --steps 6 --warmup 2
+    python -m bench.bench_peer_trl --rounds 5 --steps 6 --warmup 2      # `make setup` installs TRL (the trl extra)
 
 Every arm trains the same model on the same questions with the same G, questions per optimizer step,
 budget, temperature, top_p, LoRA (r, alpha, dropout, modules), AdamW (lr, weight decay, no schedule),
@@ -15,7 +14,11 @@ same device and thread count. The arms:
   each generation round asks for `--oversample` times the questions the batch still lacks, as the toy
   config does, until the batch is full of groups with signal);
 - `dapo-all`, `bfspo-all`: the same with `filter: none` and `oversample: 1`: every group kept and
-  exactly the batch's questions generated, as TRL does.
+  exactly the batch's questions generated, as TRL does;
+- `bfspo-trl`: BFSPOTrainer (TRL's engine, K = 3, `filter: none`) on the same one question per step as
+  `bfspo-all`: TRL's generation (`generate` on the question's contexts, repeated G times), the
+  training model's rescoring, Eq. 10 tree-packed; its reward is `verifier_reward`'s verdict turned into
+  Eq. 4 with Eq. 3's paper window by the trainer, as the project's arms compute it.
 
 A batch counts prompts (`batch_unit: prompts`), so BFS-PO, which fills a batch with as many chains as
 DAPO's through whole trees (Sec. 4.2), trains on one tree of (K + 1) G = 32 chains per step where DAPO
@@ -51,9 +54,9 @@ from pathlib import Path
 from bench.common import train_command
 
 ROOT = Path(__file__).resolve().parents[1]
-# arm -> (K, dynamic-sampling filter); None: TRL
-ARMS = {"trl": None, "dapo": (0, "all_leaves"), "dapo-all": (0, "none"),
-        "bfspo": (3, "all_leaves"), "bfspo-all": (3, "none")}
+# arm -> (trainer, K, dynamic-sampling filter): "trl" runs in a TRL process (`trl_child`), "bfspo" is `bfspo train`
+ARMS = {"trl": ("trl", 0, None), "dapo": ("bfspo", 0, "all_leaves"), "dapo-all": ("bfspo", 0, "none"),
+        "bfspo": ("bfspo", 3, "all_leaves"), "bfspo-all": ("bfspo", 3, "none"), "bfspo-trl": ("trl", 3, "none")}
 
 
 def hide_vllm() -> None:
@@ -74,7 +77,7 @@ def shared_settings(args) -> dict:
 
 
 def project_command(args, arm: str, seed: int, out_dir: Path) -> list[str]:
-    k, filter_ = ARMS[arm]
+    _, k, filter_ = ARMS[arm]
     settings = shared_settings(args) | dict(k=k, filter=filter_, seed=seed, engine="transformers",
                                             oversample=1.0 if filter_ == "none" else args.oversample,
                                             rollout_batch_size=max(64, (k + 1) * args.group * args.questions),
@@ -92,7 +95,8 @@ def project_result(out_dir: Path, on_gpu: bool) -> dict:
 
 
 def trl_child(args) -> int:
-    """One TRL run in this process; writes {step_s, tokens, questions, peak_gpu_gb} to args.result."""
+    """One run of a TRL arm (`args.trl_arm`: GRPOTrainer, or BFSPOTrainer at its K) in this process;
+    writes {step_s, tokens, questions, peak_gpu_gb} to args.result."""
     hide_vllm()
     import torch
     from datasets import Dataset
@@ -102,20 +106,19 @@ def trl_child(args) -> int:
 
     from bfspo.algorithm.rewards import sequence_reward
     from bfspo.device import resolve_device
-    from bfspo.io import read_jsonl
+    from bfspo.integrations.trl import BFSPOConfig, BFSPOTrainer, question_rows, verifier_reward
     from bfspo.model_io import load_model
-    from bfspo.tasks.prompts import user_message
     from bfspo.tasks.verify import is_correct
     from bfspo.training.config import LORA_TARGETS
 
     assert "vllm" not in sys.modules or sys.modules["vllm"] is None, "TRL imported vLLM"
+    _, k, filter_ = ARMS[args.trl_arm]
     s = shared_settings(args)
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     model, tokenizer = load_model(args.model, device=device)
-    rows = [{"prompt": [{"role": "user", "content": user_message(args.benchmark, row["question"])}],
-             "answer": str(row["answer"])} for _, row in read_jsonl(args.data)]
-    tokens, questions = [], []
+    rows = question_rows(args.data, args.benchmark)
+    tokens, questions, times = [], [], []
 
     def reward(completions, answer, completion_ids, **_):
         """Eq. 4 with Eq. 3 (the project's sequence_reward) on the project's verifier's verdict."""
@@ -125,32 +128,43 @@ def trl_child(args) -> int:
                                 s["overlong"], s["overlong_window"])
                 for c, gold, ids in zip(completions, answer, completion_ids)]
 
-    times = []
-
     class StepTimer(TrainerCallback):
-        def on_step_begin(self, *a, **k):
+        def on_step_begin(self, *a, **kw):
             times.append(-time.perf_counter())
 
-        def on_step_end(self, *a, **k):
+        def on_step_end(self, *a, **kw):
             times[-1] += time.perf_counter()
 
+        def on_log(self, args_, state, control, logs=None, **kw):
+            if k and logs and "tree/tokens_unique" in logs:  # BFSPOTrainer: the step's generated trees
+                tokens.append(logs["tree/tokens_unique"])
+                questions.append(logs["rollout/questions"])
+
+    # BFS-PO fills DAPO's chains per step with whole trees of (K + 1) G chains (Sec. 4.2), as the bfspo arms
+    per_step = max(1, s["train_batch"] // (k + 1))
+    common = dict(
+        per_device_train_batch_size=per_step * s["group_size"], num_generations=s["group_size"],
+        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, max_completion_length=s["budget"],
+        temperature=s["temperature"], top_p=s["top_p"], top_k=0, learning_rate=s["lr"], lr_scheduler_type="constant",
+        warmup_steps=0, weight_decay=s["weight_decay"], max_grad_norm=s["max_grad_norm"], optim="adamw_torch",
+        loss_type="dapo", beta=0.0, epsilon=s["eps_low"], epsilon_high=s["eps_high"], max_steps=s["steps"],
+        logging_steps=1, save_strategy="no", report_to="none", seed=args.seed, data_seed=args.seed,
+        # GRPOConfig's defaults that differ from the project's: gradient checkpointing on, bf16 on
+        use_cpu=device.type == "cpu", gradient_checkpointing=False, bf16=False, fp16=False,
+        disable_tqdm=True, use_vllm=False, dataloader_num_workers=0)
+    lora = LoraConfig(r=s["lora_r"], lora_alpha=s["lora_alpha"], lora_dropout=s["lora_dropout"],
+                      target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
     with tempfile.TemporaryDirectory() as tmp:
-        config = GRPOConfig(
-            output_dir=tmp, per_device_train_batch_size=s["train_batch"] * s["group_size"],
-            num_generations=s["group_size"], gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
-            max_completion_length=s["budget"], temperature=s["temperature"], top_p=s["top_p"], top_k=0,
-            learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=s["weight_decay"],
-            max_grad_norm=s["max_grad_norm"], optim="adamw_torch", loss_type="dapo", beta=0.0,
-            epsilon=s["eps_low"], epsilon_high=s["eps_high"], scale_rewards="group", max_steps=s["steps"],
-            logging_steps=1, save_strategy="no", report_to="none", seed=args.seed, data_seed=args.seed,
-            # GRPOConfig's defaults that differ from the project's: gradient checkpointing on, bf16 on
-            use_cpu=device.type == "cpu", gradient_checkpointing=False, bf16=False, fp16=False,
-            disable_tqdm=True, use_vllm=False,
-            dataloader_num_workers=0)
-        lora = LoraConfig(r=s["lora_r"], lora_alpha=s["lora_alpha"], lora_dropout=s["lora_dropout"],
-                          target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=Dataset.from_list(rows),
-                              processing_class=tokenizer, peft_config=lora, callbacks=[StepTimer()])
+        if k:
+            config = BFSPOConfig(output_dir=tmp, k=k, filter=filter_, overlong=s["overlong"],
+                                 overlong_window=s["overlong_window"], **common)
+            trainer = BFSPOTrainer(model=model, reward_funcs=verifier_reward(args.benchmark), args=config,
+                                   train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                                   peft_config=lora, callbacks=[StepTimer()])
+        else:
+            config = GRPOConfig(output_dir=tmp, scale_rewards="group", **common)
+            trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=Dataset.from_list(rows),
+                                  processing_class=tokenizer, peft_config=lora, callbacks=[StepTimer()])
         trainer.train()
     peak_gpu = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
     Path(args.result).write_text(json.dumps({"step_s": times, "tokens": tokens, "questions": questions,
@@ -171,10 +185,11 @@ def run_arm(args, arm: str, seed: int, work: Path) -> dict:
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
                         "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
                         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    if ARMS[arm] is None:
+    in_trl = ARMS[arm][0] == "trl"
+    if in_trl:
         result = out.with_suffix(".json")
-        cmd = [sys.executable, "-m", "bench.bench_peer_trl", "--trl-child", "--result", str(result), "--seed", str(seed),
-               *child_args(args)]
+        cmd = [sys.executable, "-m", "bench.bench_peer_trl", "--trl-child", "--trl-arm", arm, "--result", str(result),
+               "--seed", str(seed), *child_args(args)]
     else:
         cmd = project_command(args, arm, seed, out)
     log = out.with_suffix(".log")
@@ -183,7 +198,7 @@ def run_arm(args, arm: str, seed: int, work: Path) -> dict:
         _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"{arm} (seed {seed}) failed; its log: {log}\n" + log.read_text()[-3000:])
-    got = json.loads(result.read_text()) if ARMS[arm] is None else project_result(out, on_gpu(args.device))
+    got = json.loads(result.read_text()) if in_trl else project_result(out, on_gpu(args.device))
     return got | {"peak_rss_gb": usage.ru_maxrss / 2**20}
 
 
@@ -247,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", help="where the runs' directories and logs go (default: a temporary one)")
     p.add_argument("--json", help="also write every run's numbers here")
     p.add_argument("--trl-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--trl-arm", default="trl", choices=[a for a, spec in ARMS.items() if spec[0] == "trl"],
+                   help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -60,3 +60,31 @@ def train_data(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "train.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+@pytest.fixture(scope="session")
+def trl():
+    """TRL (the `trl` extra, which `make setup` installs), imported with vLLM hidden
+    (bench.bench_peer_trl.hide_vllm: TRL 1.16 would import the CPU vLLM build, which it does not
+    support, for seconds); sys.modules is restored after, so that later tests still import vLLM.
+    Skipped where TRL is not installed."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("trl") is None:
+        pytest.skip("trl is not installed (pip install -e '.[trl]'; `make setup` installs it)")
+    from bench.bench_peer_trl import hide_vllm
+
+    before = sys.modules.get("vllm", "absent")
+    hide_vllm()
+    try:
+        import trl
+        from trl import GRPOConfig, GRPOTrainer  # noqa: F401  (import the trainer while vLLM is hidden)
+
+        import bfspo.integrations.trl  # noqa: F401  (and ours, which imports it)
+    finally:
+        if before == "absent":
+            sys.modules.pop("vllm", None)
+        else:
+            sys.modules["vllm"] = before
+    return trl

@@ -1,35 +1,9 @@
 """The peer benchmark's premise (bench/bench_peer_trl.py): on identical inputs, TRL 1.16's GRPOTrainer
 with loss_type "dapo" computes the same loss as the project's policy_loss (Eq. 2: token-mean of the
-clipped surrogate, no KL), to the bit. Needs the `bench` extra (`make bench-peer-setup`); skipped
-where TRL is not installed."""
+clipped surrogate, no KL), to the bit. Needs the `trl` extra, which `make setup` installs (the `trl`
+fixture skips where TRL is not installed)."""
 
-import importlib.util
-import sys
-
-import pytest
 import torch
-
-if importlib.util.find_spec("trl") is None:
-    pytest.skip("trl is not installed (the `bench` extra: make bench-peer-setup)", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def trl():
-    """TRL imported with vLLM hidden (bench.bench_peer_trl.hide_vllm); sys.modules is restored after,
-    so that later tests still import vLLM."""
-    from bench.bench_peer_trl import hide_vllm
-
-    before = sys.modules.get("vllm", "absent")
-    hide_vllm()
-    try:
-        import trl
-        from trl import GRPOConfig, GRPOTrainer  # noqa: F401  (import the trainer while vLLM is hidden)
-    finally:
-        if before == "absent":
-            sys.modules.pop("vllm", None)
-        else:
-            sys.modules["vllm"] = before
-    return trl
 
 
 def test_trl_dapo_loss_equals_policy_loss(trl, tiny_model_dir, tmp_path):
