@@ -25,7 +25,6 @@ from bfspo.preflight import plan_problems
 from bfspo.reporting.owner import config_id, owner_problems
 
 
-
 def _as_typed(path):
     """A config file's path relative to the working directory (`config/paper.yaml`) where it is below it."""
     relative = os.path.relpath(path)
@@ -75,7 +74,7 @@ if _PROBLEMS:
 CONFIG_ID = config_id(workflow.configfiles)
 _OWNERS = owner_problems(f"{RESULTS}/tables", config["tables"], CONFIG_ID)
 if _OWNERS:
-    raise WorkflowError("\n".join(_OWNERS))
+    refuse(BfspoError("\n".join(_OWNERS)))
 try:
     PLANS = gpu_plan.plan_matrix(MATRIX)  # peak memory and time of every GPU job (`bfspo plan` prints them)
     gpu_plan.check(MATRIX, PLANS)
