@@ -1,8 +1,10 @@
 """The `bfspo` command line.
 
 Each subcommand lives in its own module, which defines `configure_parser(parser)` and
-`run(args) -> int`. Modules are imported only when their subcommand runs, so `bfspo prepare`
-never pays for importing torch.
+`run(args) -> int`, and may define `check_argv(argv) -> str | None`: a mistake in the arguments
+that argparse would not explain (e.g. `bfspo train --steps 5`), reported before argparse's checks.
+Modules are imported only when their subcommand runs, so `bfspo prepare` never pays for importing
+torch; `train` and `evaluate` check their arguments before they import it (their `cli` modules).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from bfspo.errors import BfspoError
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "prepare": ("bfspo.tasks.prepare", "normalise the raw benchmark files into one JSONL per split"),
-    "evaluate": ("bfspo.evaluation.evaluate", "evaluate a model (optionally with a LoRA adapter) on one benchmark"),
-    "train": ("bfspo.training.trainer", "train one model with DAPO, BFS-PO or an ablation variant"),
+    "evaluate": ("bfspo.evaluation.cli", "evaluate a model (optionally with a LoRA adapter) on one benchmark"),
+    "train": ("bfspo.training.cli", "train one model with DAPO, BFS-PO or an ablation variant"),
     "model": ("bfspo.model_convert", "convert a model: `from-gguf FILE OUT` writes a Hugging Face model folder"),
     "toy": ("bfspo.toy.cli", "build the embedded toy task and its tiny reasoning model"),
     "plan": ("bfspo.pipeline.cli", "the GPU memory and time plan of every job of a workflow config"),
@@ -44,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         parser = argparse.ArgumentParser(prog=f"bfspo {argv[0]}", description=help_text)
         mod = importlib.import_module(module)
         mod.configure_parser(parser)
+        problem = mod.check_argv(argv[1:]) if hasattr(mod, "check_argv") else None
+        if problem:
+            parser.error(problem)
         args = parser.parse_args(argv[1:])
         runner = mod.run
     else:

@@ -62,7 +62,8 @@ def test_overrides_are_yaml_scalars(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["model=m", "train_data=d", "kk=3"], "unknown key(s) kk"),
+    (["model=m", "train_data=d", "zzz=3"], "unknown key 'zzz' (every key, with its default and meaning"),
+    (["model=m", "train_data=d", "stesp=3"], "unknown key 'stesp'; did you mean 'steps'?"),
     (["model=m"], "missing required key(s) train_data"),
     (["model=m", "train_data=d", "selection=greedy"], "selection must be one of"),
     (["model=m", "train_data=d", "advantage=local"], "advantage must be one of"),

@@ -179,6 +179,7 @@ def test_request_seeds_give_every_sample_its_own_stream():
 
 def test_evaluate_builds_vllm_for_the_longest_prompt_plus_the_budget(tiny_model_dir, tmp_path, monkeypatch):
     import bfspo.evaluation.evaluate as evaluate
+    from bfspo.evaluation import cli as eval_cli
     from bfspo.model_io import load_model, load_tokenizer
     from bfspo.tasks.benchmarks import get_benchmark
     from bfspo.tasks.prompts import prompt_ids
@@ -195,7 +196,7 @@ def test_evaluate_builds_vllm_for_the_longest_prompt_plus_the_budget(tiny_model_
 
     monkeypatch.setattr(evaluate, "make_engine", make_engine)
     parser = argparse.ArgumentParser()
-    evaluate.configure_parser(parser)
+    eval_cli.configure_parser(parser)
     args = parser.parse_args(["--model", str(tiny_model_dir), "--benchmark", "gsm8k", "--data", str(data),
                               "--out-dir", str(tmp_path / "out"), "--budget", "12", "--samples", "1",
                               "--temperature", "0", "--engine", "vllm", "--max-num-seqs", "256",

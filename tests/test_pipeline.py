@@ -6,13 +6,14 @@ that the rules plan the same through `snakemake -n`."""
 from __future__ import annotations
 
 import copy
+import re
 import shlex
 from pathlib import Path
 
 import pytest
 import yaml
 
-from bfspo.pipeline import jobs
+from bfspo.pipeline import gpu_plan, jobs
 from bfspo.pipeline.matrix import ConfigError, Matrix, load_config, normalise_numbers, run_id
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,10 +127,10 @@ def test_resources_and_launchers_by_size_class(paper):
     r = jobs.job_resources(paper, big, "train")
     assert (r["gpu"], r["nodes"], r["cpus_per_gpu"], r["tasks_per_gpu"]) == (2, 1, 8, 0)
     assert jobs.job_resources(paper, big, "eval")["gpu"] == 1 and jobs.threads(paper, big, "train") == 16
-    assert "slurm_partition" not in r and set(r) == set(jobs.resource_names(paper))
+    assert r["slurm_partition"] is None and set(r) == set(jobs.RESOURCE_NAMES)
     toy = Matrix(config("config.yaml"))
     run = next(iter(toy.runs))
-    assert jobs.job_resources(toy, run, "train")["gpu"] == 0 and jobs.train_launcher(toy, run) == "bfspo"
+    assert jobs.job_resources(toy, run, "train")["gpu"] is None and jobs.train_launcher(toy, run) == "bfspo"
     two = config("config.yaml")
     two["resources"]["cpu"]["ranks"] = 2
     assert jobs.train_launcher(Matrix(two), run) == "torchrun --nproc-per-node 2 --standalone -m bfspo.cli"
@@ -137,12 +138,80 @@ def test_resources_and_launchers_by_size_class(paper):
 
 def test_partition_and_account_are_set_in_one_place():
     cfg = config("config.yaml")
-    cfg["slurm"] = {"partition": "gpu", "cpu_partition": "cpu", "account": "lab"}
+    cfg["slurm"] |= {"partition": "gpu", "cpu": {"partition": "cpu"}, "account": "lab"}
     cfg["resources"]["cpu"].update(gpus=1, cpus_per_gpu=4)
     m = Matrix(cfg)
     r = jobs.job_resources(m, next(iter(m.runs)), "train")
     assert (r["slurm_partition"], r["slurm_account"], r["gpu"]) == ("gpu", "lab", 1)
-    assert jobs.slurm_resources(m, False) == {"slurm_partition": "cpu", "slurm_account": "lab"}
+    assert jobs.slurm_resources(m) == {"slurm_partition": "cpu", "slurm_account": "lab"}
+
+
+def test_the_slurm_keys_reach_the_jobs_they_apply_to(paper):
+    """Issue 37: qos, reservation and extra on every job, constraint and gpu_type on GPU jobs, `cpu`
+    for the CPU-only ones, `sizes` for a class; null in `cpu` or `sizes` unsets a key."""
+    cfg = config("paper.yaml")
+    cfg["slurm"] |= {"partition": "gpu", "account": "lab", "qos": "normal", "constraint": "a100",
+                     "reservation": "paper", "extra": "--mail-type=FAIL --wckey='two words'",
+                     "cpu": {"partition": "cpu", "qos": None},
+                     "sizes": {"8b": {"constraint": "a100-80gb", "gpu_type": "a100", "extra": None}}}
+    m = Matrix(cfg)
+    plan = gpu_plan.plan_matrix(m).train["qwen2.5-3b_gsm8k_bfspo_s0"]
+    small = jobs.job_resources(m, "qwen2.5-3b_gsm8k_bfspo_s0", "train", plan)
+    assert (small["slurm_partition"], small["slurm_account"], small["qos"], small["constraint"]) == (
+        "gpu", "lab", "normal", "a100")
+    assert (small["gpu"], small["gres"]) == (1, None)
+    assert small["slurm_extra"] == (f"--signal=USR1@{plan.signal_s} --reservation=paper --mail-type=FAIL "
+                                    "'--wckey=two words'")  # the signal first, every word quoted
+    big = jobs.job_resources(m, "llama3.1-8b_math_bfspo_s0", "train")
+    assert (big["constraint"], big["gpu"], big["gres"], big["qos"]) == ("a100-80gb", None, "gpu:a100:2", "normal")
+    assert big["slurm_extra"] == "--reservation=paper"
+    assert jobs.job_resources(m, "llama3.1-8b_zero-shot", "eval")["gres"] == "gpu:a100:1"
+    assert jobs.slurm_resources(m) == {"slurm_partition": "cpu", "slurm_account": "lab",
+                                       "slurm_extra": "--reservation=paper --mail-type=FAIL '--wckey=two words'"}
+    assert set(small) == set(jobs.RESOURCE_NAMES)
+    toy = config("config.yaml")  # a CPU class (as the rehearsal makes every class) takes no GPU node keys
+    toy["slurm"] = {"sizes": {"cpu": {"constraint": "a100", "gpu_type": "a100", "qos": "short"}}}
+    t = jobs.job_resources(Matrix(toy), "toy_toy_bfspo_s0", "train")
+    assert (t["constraint"], t["gpu"], t["gres"], t["qos"]) == (None, None, None, "short")
+    unset = jobs.job_resources(paper, "llama3.1-8b_math_bfspo_s0", "train")
+    assert all(unset[k] is None for k in ("slurm_partition", "slurm_account", "qos", "constraint", "slurm_extra"))
+    assert jobs.slurm_resources(paper) == {}
+
+
+@pytest.mark.parametrize("slurm, named", [
+    ({"sizes": {"9b": {"qos": "x"}}}, "slurm.sizes.9b: unknown size class '9b' (known: 3b, 8b)"),
+    ({"cpu": {"gpu_type": "a100"}}, "slurm.cpu.gpu_type: CPU-only jobs ask for no GPU"),
+    ({"extra": "--qos=high"}, "slurm.extra: '--qos' is not allowed here (use slurm.qos)"),
+    ({"extra": "--gres=gpu:2"}, "slurm.extra: '--gres' is not allowed here (use slurm.gpu_type)"),
+    ({"extra": "--time 10"}, "slurm.extra: '--time' is not allowed here (use the size class's train_runtime"),
+    ({"sizes": {"8b": {"extra": "--signal=USR2@60"}}}, "slurm.sizes.8b.extra: '--signal' is not allowed here (bfspo "
+                                                        "sets the trainer's warning signal"),
+    ({"cpu": {"extra": "--mail-user='x"}}, "slurm.cpu.extra: \"--mail-user='x\" does not split into sbatch options"),
+], ids=["unknown-class", "cpu-gpu-type", "qos", "gres", "time", "signal", "unbalanced-quote"])
+def test_slurm_keys_that_cannot_work_are_refused(slurm, named):
+    cfg = config("paper.yaml")
+    cfg["slurm"] |= slurm
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        Matrix(cfg)
+
+
+@pytest.mark.parametrize("slurm, named", [
+    ({"qoss": "high"}, "slurm: unknown key 'qoss'; did you mean 'qos'?"),
+    ({"constraint": "a100'; rm -rf ~"}, "slurm.constraint: \"a100'; rm -rf ~\" is not valid here (pattern"),
+    ({"gpu_type": "a100:2"}, "slurm.gpu_type: 'a100:2' is not valid here (pattern"),
+    ({"sizes": {"8b": {"constrant": "x"}}}, "slurm.sizes.8b: unknown key 'constrant'; did you mean 'constraint'?"),
+    ({"cpu": {"partition": "a b"}}, "slurm.cpu.partition: 'a b' is not valid here (pattern"),
+], ids=["unknown-key", "shell-in-constraint", "gpu-type-with-count", "unknown-size-key", "space-in-partition"])
+def test_the_schema_knows_the_slurm_keys(tmp_path, slurm, named):
+    text = yaml.safe_dump(yaml.safe_load((ROOT / "config/paper.yaml").read_text()) | {"slurm": slurm})
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_config(tmp_path / "c.yaml")
+    ok = yaml.safe_load(text) | {"slurm": {"qos": "normal", "constraint": "a100&nvlink", "gpu_type": "a100",
+                                           "reservation": "r1", "extra": "--exclusive", "cpu": {"qos": None},
+                                           "sizes": {"8b": {"constraint": "[rack1|rack2]"}}}}
+    (tmp_path / "ok.yaml").write_text(yaml.safe_dump(ok))
+    assert load_config(tmp_path / "ok.yaml")["slurm"]["qos"] == "normal"
 
 
 @pytest.mark.parametrize("edit, named", [
@@ -183,7 +252,10 @@ def test_exponent_numbers_are_numbers(tmp_path):
 def test_an_invalid_file_is_refused_naming_the_key(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text((ROOT / "config/config.yaml").read_text() + "\nlearning_rate: 1\n")
-    with pytest.raises(ConfigError, match="config: unknown key 'learning_rate'"):
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: unknown key 'learning_rate'")):
+        load_config(path)
+    path.write_text((ROOT / "config/paper.yaml").read_text().replace("  qos: null", "  qoss: null"))
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: slurm: unknown key 'qoss'; did you mean 'qos'?")):
         load_config(path)
 
 

@@ -9,6 +9,7 @@ import copy
 import inspect
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -128,10 +129,10 @@ def test_head_chunk_and_evaluation_defaults_are_the_codes():
     assert inspect.signature(packed_logprobs).parameters["chunk_size"].default == gpu_plan.HEAD_CHUNK_ROWS
     import argparse
 
-    from bfspo.evaluation import evaluate
+    from bfspo.evaluation import cli as eval_cli
 
     parser = argparse.ArgumentParser()
-    evaluate.configure_parser(parser)
+    eval_cli.configure_parser(parser)
     defaults = {a.dest: a.default for a in parser._actions}
     for key, value in gpu_plan.EVAL_DEFAULTS.items():
         if key in defaults:  # the evaluation keys of the vLLM engine
@@ -291,6 +292,28 @@ def test_the_slurm_plugin_submits_the_warning_and_no_step_of_its_own():
     assert "--nodes=2" in line and "--gres=gpu:4" in line and "--gpus=" not in line and "--ntasks=2" in line
 
 
+def test_the_slurm_plugin_submits_the_slurm_keys_after_the_warning():
+    """Issue 37: the config's qos, constraint, GPU type, reservation and sbatch options reach the plugin's
+    sbatch line, the user's options after the trainer's warning signal, which they cannot replace."""
+    cfg = paper()
+    cfg["slurm"] |= {"partition": "gpu", "account": "lab", "qos": "normal", "constraint": "a100&nvlink",
+                     "reservation": "paper", "extra": "--mail-type=FAIL --exclusive",
+                     "sizes": {"8b": {"gpu_type": "a100"}}}
+    m = Matrix(cfg)
+    plans = gpu_plan.plan_matrix(m)
+    run = "llama3.1-8b_gsm8k_bfspo_s0"
+    line = _sbatch_line(jobs.job_resources(m, run, "train", plans.train[run]), jobs.threads(m, run, "train"))
+    assert "--qos=normal" in line and "-C 'a100&nvlink'" in line and "--gres=gpu:a100:2" in line
+    assert "--gpus=" not in line and "--cpus-per-gpu=8" in line
+    signal = f"--signal=USR1@{plans.train[run].signal_s}"
+    assert f"{signal} --reservation=paper --mail-type=FAIL --exclusive" in line
+    small = "qwen2.5-3b_gsm8k_dapo_s0"
+    line = _sbatch_line(jobs.job_resources(m, small, "train", plans.train[small]), jobs.threads(m, small, "train"))
+    assert "--gpus=1" in line and "--gres" not in line and "-C 'a100&nvlink'" in line
+    line = _sbatch_line(jobs.slurm_resources(m), 1)  # prepare, tables, ...: no GPU, no GPU node's constraint
+    assert "--qos=normal" in line and "-C " not in line and "--gpus" not in line and "--exclusive" in line
+
+
 def test_signal_rate_reads_the_filter_on_first_answers_or_all_leaves():
     """Issue 32: P(0 < #correct < n) for n independent answers of accuracy p; n = G under first_samples
     (and for DAPO), G (K + 1) leaves under all_leaves."""
@@ -357,6 +380,29 @@ def test_bfspo_plan_prints_every_job_and_refuses_what_cannot_fit(tmp_path):
     assert sum(line.startswith("train ") for line in lines) == 15
     assert sum(line.startswith("evaluate ") for line in lines) == 42
     assert "Every planned job fits its GPU." in out.stdout and "the paper: 192 GPU-h" in out.stdout
+    # issue 37: a table, one row a job, a subtotal per paper table, the host memory and the partition
+    assert lines[0].split() == ["job", "GPUs", "peak", "GiB/GPU", "(phase)", "time", "limit", "GPU-h", "host",
+                                "GiB", "partition"]
+    row = next(line for line in lines if line.startswith("train llama3.1-8b_math_bfspo_s0 "))
+    assert re.fullmatch(r"train llama3.1-8b_math_bfspo_s0 +2 +61\.8/80\.0 \(rescoring, vLLM awake\) +\d+\.\d h "
+                        r"+48\.0 h x \d +\d+\.\d +125\.0 +\(default\)", row), row
+    assert max(map(len, lines)) <= 200 and "weights" not in out.stdout  # the terms only with --verbose
+    subtotals = {m.group(1): float(m.group(2).replace(",", "")) for line in lines
+                 if (m := re.match(r"  subtotal (\S+): ([\d,]+) GPU-h", line))}
+    total = float(re.search(r"Total: ([\d,]+) GPU-hours", out.stdout).group(1).replace(",", ""))
+    assert set(subtotals) == {"ablation", "gsm8k", "math"} and abs(sum(subtotals.values()) - total) <= 2
+    assert lines[-1].startswith("Slurm: no partition and account set, so jobs go to the cluster's default")
+    verbose = subprocess.run([sys.executable, "-m", "bfspo.cli", "plan", "--config", "config/paper.yaml", "--verbose"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert verbose.returncode == 0 and verbose.stdout.startswith("Assumptions")
+    assert "train llama3.1-8b_math_bfspo_s0: 2 GPU | peak 61.8/80.0 GiB (rescoring, vLLM awake) = weights" in verbose.stdout
+    named = tmp_path / "paper.yaml"
+    named.write_text((ROOT / "config/paper.yaml").read_text().replace("partition: null", "partition: gpu-a100")
+                     .replace("account: null", "account: lab"))
+    out = subprocess.run([sys.executable, "-m", "bfspo.cli", "plan", "--config", str(named)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "Slurm: no" not in out.stdout
+    assert re.search(r"62\.5 +gpu-a100$", next(line for line in out.stdout.splitlines() if line.startswith("train ")))
     small = subprocess.run([sys.executable, "-m", "bfspo.cli", "plan", "--config", "config/paper.yaml",
                             "--gpu-mem-gb", "16"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert small.returncode == 1 and "Jobs that cannot run:" in small.stdout

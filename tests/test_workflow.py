@@ -89,7 +89,7 @@ def test_lint_is_clean(configfile):
 @pytest.mark.parametrize(
     "edit, named",
     [
-        (lambda c: c.update(learning_rate=1e-3), "config: unknown key 'learning_rate'"),
+        (lambda c: c.update(learning_rate=1e-3), "config.yaml: unknown key 'learning_rate'"),
         (lambda c: c["models"]["toy"].update(pth="x"), "models.toy: unknown key 'pth'; did you mean 'path'?"),
         (lambda c: c["train"].update(model="other"), "train: unknown key 'model'"),
         (lambda c: c["methods"]["bfspo"].update(selection="greedy"), "'greedy'"),
@@ -113,21 +113,25 @@ def test_invalid_config_stops_naming_the_problem(tmp_path, edit, named):
 
 
 @pytest.mark.parametrize("edit, named", [
-    (lambda c: c.update(seed=c.pop("seeds")), "config: unknown key 'seed'; did you mean 'seeds'?"),
+    (lambda c: c.update(seed=c.pop("seeds")), "unknown key 'seed'; did you mean 'seeds'?"),
     (lambda c: c["train"].update(group_sise=4), "train: unknown key 'group_sise'; did you mean 'group_size'?"),
-], ids=["seed", "group_sise"])
+    (lambda c: c.setdefault("slurm", {}).update(qoss="high"), "slurm: unknown key 'qoss'; did you mean 'qos'?"),
+], ids=["seed", "group_sise", "slurm-qoss"])
 def test_a_schema_error_is_a_few_lines_with_a_suggestion(tmp_path, edit, named):
     """Issue 33: a misspelt key printed 959 (`seed`) and 129 (`group_sise`) lines, the whole schema and
     config after the one useful line; now the violation, its path and the closest key, and
-    jsonschema's full report only with BFSPO_VERBOSE=1."""
+    jsonschema's full report only with BFSPO_VERBOSE=1. Issue 37: after the user's file, not the
+    workflow's (`WorkflowError in file ".../common.smk", line 30`), whose place only BFSPO_VERBOSE=1 shows."""
     path = write_config(tmp_path, "config/config.yaml", edit)
     proc = snakemake("-n", "--nolock", "--configfile", str(path))
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and named in out and "BFSPO_VERBOSE=1" in out
+    assert proc.returncode != 0 and f"{path}: {named}" in out and "BFSPO_VERBOSE=1" in out
+    assert "common.smk" not in out and "WorkflowError" not in out
     assert len(out.splitlines()) <= 8, out
     proc = snakemake("-n", "--nolock", "--configfile", str(path), env={"BFSPO_VERBOSE": "1"})
     verbose = proc.stdout + proc.stderr
     assert named in verbose and "jsonschema's report" in verbose and len(verbose.splitlines()) > 50
+    assert 'WorkflowError in file "' in verbose and "common.smk" in verbose
 
 
 def test_the_schemas_benchmarks_are_bfspos_registry():
@@ -275,8 +279,8 @@ def test_seed_studies_plan_three_seeds_of_dapo_and_bfspo(configfile, gpus):
     runs = {re.search(r"wildcards: run=(\S+)", t).group(1) for r, t in jobs(out) if r == "train"}
     assert runs == {f"{m}_toy_{x}_s{s}" for m in ["toy-gpu" if gpus else "toy"] for x in ("dapo", "bfspo") for s in range(3)}
     for rule, text in jobs(out):
-        if rule in ("toy_model", "train", "evaluate"):
-            assert f"gpu={gpus}" in text, (rule, text)
+        if rule in ("toy_model", "train", "evaluate"):  # a CPU job asks for no GPU resource at all
+            assert (f"gpu={gpus}" in text) if gpus else not re.search(r"[ ,]gpu=", text), (rule, text)
         if rule in ("train", "evaluate") and "toy_ood" not in text:
             assert "budget=160" in text or "--budget 160" in text
 
@@ -380,7 +384,7 @@ def test_dapos_overlong_window_is_a_method_setting(tmp_path):
 
 def test_partition_and_account_are_set_in_one_place(tmp_path):
     def slurm(cfg):
-        cfg["slurm"] = {"partition": "gpu", "cpu_partition": "cpu", "account": "lab"}
+        cfg["slurm"] = {"partition": "gpu", "cpu": {"partition": "cpu"}, "account": "lab"}
         cfg["resources"]["cpu"].update(gpus=1, cpus_per_gpu=4)
 
     out = dry_run("--configfile", str(write_config(tmp_path, "config/config.yaml", slurm, own_results=True)))
@@ -390,6 +394,45 @@ def test_partition_and_account_are_set_in_one_place(tmp_path):
     assert "slurm_partition=gpu" in by_rule["train"] and "gpu=1" in by_rule["train"] and "cpus_per_gpu=4" in by_rule["train"]
     assert "slurm_partition=cpu" in by_rule["table"] and "gpu=" not in by_rule["table"]
     assert all("slurm_account=lab" in r for rule, r in by_rule.items() if rule != "all")
+
+
+def test_every_job_of_the_paper_gets_the_slurm_keys(tmp_path):
+    """Issue 37: with partition, account, qos and constraint set, every job of the paper's DAG, prepare
+    included, goes to the partition and account, and every GPU job asks for the qos and constraint; no
+    resource is left <TBD> (Snakemake's disk default) and the dry run ends without the unset line."""
+    def slurm(cfg):
+        cfg["slurm"].update(partition="gpu", account="lab", qos="normal", constraint="a100")
+
+    proc = snakemake("-n", "--forceall", "--nolock", "--profile", "slurm", "--configfile",
+                     str(write_config(tmp_path, "config/paper.yaml", slurm)))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    planned = [(rule, re.search(r"resources: (.*)", text).group(1)) for rule, text in jobs(out) if rule != "all"]
+    assert Counter(rule for rule, _ in planned) == Counter(prepare=1, train=15, evaluate=42, table=6, figures=6,
+                                                           report=6, aes_consistency=1)
+    for rule, res in planned:
+        assert "slurm_partition=gpu" in res and "slurm_account=lab" in res, (rule, res)
+        gpu_job = re.search(r"(^|, )gpu=\d", res)
+        assert gpu_job or rule not in ("train", "evaluate"), (rule, res)
+        assert ("qos=normal" in res and "constraint=a100" in res) if gpu_job else "constraint=" not in res, (rule, res)
+    assert "<TBD>" not in out and "never awaited" not in out and "Slurm: no" not in out
+
+
+def test_a_dry_run_says_which_of_partition_and_account_are_unset(tmp_path):
+    """Issue 37: the paper's dry run printed 966 lines and never said that no partition or account was
+    chosen; under the Slurm profile it now ends with one line saying so and how to set them."""
+    proc = snakemake("-n", "--forceall", "--nolock", "--profile", "slurm", "--configfile", "config/paper.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.rstrip().splitlines()[-1] == (
+        "Slurm: no partition and account set, so jobs go to the cluster's default partition and account; set "
+        "slurm.partition and slurm.account in config/paper.yaml (config/README.md, \"slurm\")")
+    assert "<TBD>" not in proc.stderr and "never awaited" not in proc.stderr
+    path = write_config(tmp_path, "config/paper.yaml", lambda c: c["slurm"].update(partition="gpu"))
+    proc = snakemake("-n", "--forceall", "--nolock", "--profile", "slurm", "--configfile", str(path))
+    assert proc.returncode == 0 and proc.stdout.rstrip().splitlines()[-1].startswith(
+        f"Slurm: no account set, so jobs go to the cluster's default account; set slurm.account in {path}")
+    local = snakemake("-n", "--forceall", "--nolock", "--configfile", "config/paper.yaml")  # not submitted: no line
+    assert local.returncode == 0 and "Slurm: no" not in local.stdout + local.stderr
 
 
 def test_a_multi_node_class_launches_srun_and_torchrun_rendezvous(tmp_path):

@@ -34,7 +34,6 @@ the evaluation (bfspo.fingerprint), or no summary is written.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -45,63 +44,17 @@ from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.rollout import make_engine
 from bfspo.rollout.base import Completion, RolloutEngine, needed_model_len
 from bfspo import console, fingerprint, history, runlock
-from bfspo.device import DEVICES, resolve_device
+from bfspo.device import resolve_device
 from bfspo.errors import BfspoError
 from bfspo.io import read_json, remove_temporaries, write_json, write_jsonl
 from bfspo.evaluation.metrics import bootstrap_ci
 from bfspo.evaluation.progress import Progress
-from bfspo.evaluation.protocol import check_protocol
+from bfspo.evaluation.protocol import protocol_of
 from bfspo.model_io import (check_adapter, check_weights, load_config, load_model, load_tokenizer,
                             read_adapter_config)
 from bfspo.tasks.prompts import prompt_ids
 from bfspo.tasks.rows import read_rows
 from bfspo.tasks.verify import extract_answer, is_correct, timeouts
-
-
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="hub id or local model directory (the base model)")
-    parser.add_argument("--adapter", help="peft LoRA adapter directory trained on --model")
-    parser.add_argument("--benchmark", required=True, help="benchmark name (e.g. gsm8k, math500, aime25)")
-    parser.add_argument("--data", required=True, type=Path, help="prepared JSONL (rows id, question, answer)")
-    parser.add_argument("--out-dir", required=True, type=Path, help="where samples.jsonl and summary.json go")
-    parser.add_argument("--budget", type=int, help="max generated tokens (default: the benchmark's)")
-    parser.add_argument("--samples", type=int, help="responses per question (default: the benchmark's)")
-    parser.add_argument("--temperature", type=float, help="0 = greedy (default: the benchmark's); finite")
-    parser.add_argument("--batch-size", type=int, default=64, help="sequences generated at once")
-    parser.add_argument("--limit", type=int, help="evaluate only the first N questions")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's); 1 where jobs share cores")
-    parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
-    parser.add_argument("--device", choices=DEVICES, default="auto",
-                        help="cuda: stop at once without a usable CUDA device (the workflow's GPU size classes pass "
-                             "it); auto: CUDA if usable, else the CPU (bfspo/device.py)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                        help="vLLM on a GPU: the fraction of its memory vLLM may take (an evaluation has the GPU "
-                             "to itself)")
-    parser.add_argument("--max-num-seqs", type=int, default=1024,
-                        help="vLLM: most sequences decoded at once (a --batch-size call is scheduled by vLLM)")
-    parser.add_argument("--per-request-seeds", type=parse_bool, metavar="{true,false}",
-                        help="vLLM: seed every request (reproducible batches; slower on GPUs) or seed the engine "
-                             "once with --seed (default: true on CPU, false on CUDA)")
-    parser.add_argument("--meta", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="labels copied into summary.json (e.g. method=bfspo k=3)")
-    parser.add_argument("--wandb-project", help="also log the summary to this W&B project (job_type eval)")
-    parser.add_argument("--wandb-group", help="W&B group (one per table or sweep)")
-    parser.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"],
-                        help="W&B mode (the WANDB_MODE environment variable wins)")
-    parser.add_argument("--run-name", help="W&B run name (default: the --out-dir folder name)")
-    parser.add_argument("--wandb-tags", nargs="*", default=[], metavar="TAG",
-                        help="W&B tags added to those of --meta's tables (comma-separated), method, model_label and seed")
-    parser.add_argument("--wandb-samples", type=int, default=20,
-                        help="responses logged to W&B as a table of samples")
-
-
-def parse_bool(text: str) -> bool:
-    """`true` or `false` (any case), as YAML writes them; anything else is an argparse error."""
-    value = {"true": True, "false": False}.get(text.strip().lower())
-    if value is None:
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return value
 
 
 def parse_meta(items: list[str]) -> dict[str, str]:
@@ -242,21 +195,8 @@ def eval_summary(summary: dict) -> dict:
     return out
 
 
-def protocol_of(args) -> tuple[int, int, float]:
-    """(budget, samples, temperature): the options, or the benchmark's protocol where not given;
-    BfspoError for values that cannot work (bfspo.evaluation.protocol)."""
-    benchmark = get_benchmark(args.benchmark)
-    budget = benchmark.eval_budget if args.budget is None else args.budget
-    samples = benchmark.samples if args.samples is None else args.samples
-    temperature = benchmark.temperature if args.temperature is None else args.temperature
-    check_protocol(budget, samples, temperature)
-    if args.batch_size < 1 or any(x is not None and x < 1 for x in (args.limit, args.threads)):
-        raise BfspoError("--batch-size, --limit and --threads must be positive")
-    return budget, samples, temperature
-
-
 def run(args) -> int:
-    protocol_of(args)  # before the lock creates the output folder
+    """`bfspo evaluate` once its arguments are checked (bfspo/evaluation/cli.py)."""
     resolve_device(args.device)  # a GPU job without CUDA stops here, within seconds
     with runlock.hold(args.out_dir, "evaluate"):
         return evaluate(args)

@@ -1,24 +1,32 @@
-"""`bfspo plan`: the GPU plan of every train and evaluate job of a workflow config, one line each.
+"""`bfspo plan`: the GPU plan of every train and evaluate job of a workflow config, as a table.
 
     bfspo plan --config config/paper.yaml                 # as the config's size classes say
     bfspo plan --config config/paper.yaml --gpu-mem-gb 40  # every job against a 40 GB card
+    bfspo plan --config config/paper.yaml --verbose        # and every job's terms, one line each
 
-Each line: the job's peak memory per GPU, term by term, in the phase that peaks (the update with
-vLLM asleep, or the rescoring forward with vLLM awake; the update with vLLM resident alongside),
-the activations with and without gradient checkpointing, vLLM's share (weights and KV cache), the
-time per step and GPU-hours from the stated throughput assumptions (printed first), the checkpoint
-size and interval, and the time limit and warning signal the rules will ask Slurm for. Then the
-totals, against the paper's 96 (GSM8K) and 192 (MATH) GPU-hours per BFS-PO run. A job that cannot
-fit is named with its largest term, and the command exits with status 1, as Snakemake refuses it.
+One row per job, grouped by the paper table that first shows it (a job shared with an earlier table
+is counted there): its GPUs, its peak memory per GPU and the phase that peaks, its time, the time
+limit the rule asks Slurm for (x the attempts it needs), its GPU-hours, its host memory and its
+partition; a subtotal per table, then the total against the paper's 96 (GSM8K) and 192 (MATH)
+GPU-hours per BFS-PO run. With --verbose, first the throughput assumptions and each job's line:
+its peak memory term by term, in the phase that peaks (the update with vLLM asleep, or the
+rescoring forward with vLLM awake; the update with vLLM resident alongside), the activations with
+and without gradient checkpointing, vLLM's share (weights and KV cache), the time per step, the
+checkpoint size and interval, and the warning signal. A job that cannot fit is named with its
+largest term, and the command exits with status 1, as Snakemake refuses it. The last line says
+which of the Slurm partition and account the config leaves to the cluster.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from bfspo.errors import BfspoError
+from bfspo.pipeline import jobs, slurm
 from bfspo.pipeline.gpu_plan import (CHECKPOINT_BYTES_S, CUDA_CONTEXT, HEAD_CHUNK_ROWS, SAFETY, VLLM_ASLEEP, EvalPlan,
                                      TrainPlan, largest_micro_batch, plan_matrix)
 from bfspo.pipeline.matrix import Matrix, load_config
+from bfspo.pipeline.schema import ConfigProblems, located
 from bfspo.pipeline.memory import GIB
 from bfspo.pipeline.throughput import ASSUMPTIONS
 
@@ -82,11 +90,78 @@ def eval_line(p: EvalPlan) -> str:
             f"tok/s: {p.seconds / 60:.1f} min, {p.gpu_hours:.2f} GPU-h | limit {p.runtime_min} min")
 
 
+# ---- the table -------------------------------------------------------------------------------------
+
+COLUMNS = ("job", "GPUs", "peak GiB/GPU (phase)", "time", "limit", "GPU-h", "host GiB", "partition")
+RIGHT = {"GPUs", "time", "GPU-h", "host GiB"}  # columns of numbers, aligned right
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
+
+
+def partition(m: Matrix, run: str) -> str:
+    s = slurm.settings(m.config, bool(jobs.gpus(m, run, "train")), m.size_of(run))
+    return s.get("partition") or slurm.UNSET
+
+
+def train_row(m: Matrix, p: TrainPlan) -> tuple:
+    gpus = p.gpus * p.nodes
+    return (f"train {p.run}", gpus, f"{g(p.memory.peak)}/{g(p.gpu_mem)} ({p.memory.phase})",
+            duration(p.gpu_hours / gpus * 3600), f"{duration(p.runtime_min * 60)} x {p.attempts}", p.gpu_hours,
+            jobs.host_memory_mb(m, p.run, "train") / 1024, partition(m, p.run))
+
+
+def eval_row(m: Matrix, p: EvalPlan) -> tuple:
+    return (f"evaluate {p.run} {p.benchmark}", p.gpus, f"{g(p.memory.peak)}/{g(p.gpu_mem)} ({p.memory.phase})",
+            duration(p.seconds), duration(p.runtime_min * 60), p.gpu_hours,
+            jobs.host_memory_mb(m, p.run, "eval") / 1024, partition(m, p.run))
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.1f}" if value >= 1 else f"{value:.2f}"
+    return str(value)
+
+
+def table_lines(m: Matrix, plans) -> list[str]:
+    """One row per planned job under the paper table that first shows it, a subtotal per table."""
+    owner = {}
+    for table in m.config["tables"]:
+        for pair in m.table_evaluations(table):
+            owner.setdefault(pair, table)
+    groups = {table: ([], 0.0) for table in m.config["tables"]}
+    for run, p in plans.train.items():
+        rows, hours = groups[m.runs[run]["table"]]
+        groups[m.runs[run]["table"]] = (rows + [train_row(m, p)], hours + p.gpu_hours)
+    for pair, p in plans.eval.items():
+        rows, hours = groups[owner[pair]]
+        groups[owner[pair]] = (rows + [eval_row(m, p)], hours + p.gpu_hours)
+    cells = [COLUMNS] + [tuple(map(_cell, row)) for rows, _ in groups.values() for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+
+    def line(row) -> str:
+        return "  ".join(c.rjust(w) if name in RIGHT else c.ljust(w)
+                         for c, w, name in zip(row, widths, COLUMNS)).rstrip()
+
+    out = [line(COLUMNS)]
+    for table, (rows, hours) in groups.items():
+        title = m.config["tables"][table].get("title", table)
+        if not rows:
+            out += ["", f"{table} ({title}): every job is counted with an earlier table"]
+            continue
+        n_train = sum(row[0].startswith("train ") for row in rows)
+        out += ["", f"{table} ({title})"] + [line(tuple(map(_cell, row))) for row in rows]
+        out.append(f"  subtotal {table}: {hours:,.0f} GPU-h ({n_train} training runs, {len(rows) - n_train} "
+                   "evaluations)")
+    return out
+
+
 def summary_lines(m: Matrix, plans) -> list[str]:
     train = sum(p.gpu_hours for p in plans.train.values())
     evaluation = sum(p.gpu_hours for p in plans.eval.values())
-    lines = [f"Total: {train + evaluation:.0f} GPU-hours ({train:.0f} training {len(plans.train)} runs, "
-             f"{evaluation:.0f} evaluating {len(plans.eval)} jobs)"]
+    lines = [f"Total: {train + evaluation:,.0f} GPU-hours ({train:,.0f} training {len(plans.train)} runs, "
+             f"{evaluation:,.0f} evaluating {len(plans.eval)} jobs)"]
     for run, p in plans.train.items():
         spec = m.runs[run]
         paper = PAPER_GPU_HOURS.get(spec["train_set"])
@@ -101,7 +176,7 @@ def micro_batch_lines(m: Matrix, plans, gpu_mem_gb: float | None) -> list[str]:
     90% of the card, vLLM resident during the update and asleep (what the class's setting is chosen from)."""
     lines, seen = [], set()
     for run, p in plans.train.items():
-        size = m.config["models"][m.model_of(run)]["size"]
+        size = m.size_of(run)
         if size in seen:
             continue
         seen.add(size)
@@ -115,18 +190,28 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="config/config.yaml", help="workflow config (default: config/config.yaml)")
     p.add_argument("--gpu-mem-gb", type=float, help="plan every job for a GPU of this many GiB instead of its "
                                                     "class's gpu_mem_gb (e.g. 40)")
+    p.add_argument("--verbose", action="store_true", help="also the throughput assumptions and every job's "
+                                                          "memory and time, term by term")
 
 
 def run(args) -> int:
-    m = Matrix(load_config(args.config))
+    config = load_config(args.config)
+    try:
+        m = Matrix(config)
+    except ConfigProblems as e:
+        raise BfspoError(located(e, args.config)) from None
     plans = plan_matrix(m, gpu_mem_gb=args.gpu_mem_gb)
-    print(assumptions_text())
-    print()
+    if args.verbose:
+        print(assumptions_text())
+        print()
+        for p in plans.train.values():
+            print(train_line(p))
+        for p in plans.eval.values():
+            print(eval_line(p))
+        print()
+    if plans.train or plans.eval:
+        print("\n".join(table_lines(m, plans)))
     unplanned = [r for r in m.runs if r not in plans.train]
-    for p in plans.train.values():
-        print(train_line(p))
-    for p in plans.eval.values():
-        print(eval_line(p))
     if unplanned:
         print(f"not planned (CPU classes, or models this workflow builds): {len(unplanned)} training run(s), "
               f"{len(m.evaluations()) - len(plans.eval)} evaluation(s)")
@@ -134,11 +219,15 @@ def run(args) -> int:
     print("\n".join(summary_lines(m, plans)))
     if plans.train:
         print("\n".join(micro_batch_lines(m, plans, args.gpu_mem_gb)))
+    if not args.verbose:
+        print("(the assumptions, and every job's memory and time term by term: bfspo plan --verbose)")
     errors = plans.errors()
     if errors:
         print("\nJobs that cannot run:\n  " + "\n  ".join(errors))
-        return 1
-    print("\nEvery planned job fits its GPU." if plans.train or plans.eval else
-          "\nNo job is planned: no GPU class runs a model whose shapes are known before the run.")
-    return 0
-
+    else:
+        print("\nEvery planned job fits its GPU." if plans.train or plans.eval else
+              "\nNo job is planned: no GPU class runs a model whose shapes are known before the run.")
+    unset = slurm.unset_line(config, args.config)
+    if unset:
+        print(unset)
+    return 1 if errors else 0

@@ -11,6 +11,7 @@ import json
 import shlex
 from pathlib import Path
 
+from bfspo.pipeline import slurm
 from bfspo.pipeline.matrix import ZERO_SHOT, Matrix, data_parallel_ranks
 
 STAGES = ("train", "eval")
@@ -109,30 +110,17 @@ def train_launcher(m: Matrix, run: str, plan=None) -> str:
             f" --rdzv-id \"$SLURM_JOB_ID\" -m bfspo.cli")
 
 
-def partition(m: Matrix, gpu_job: bool) -> str | None:
-    """The Slurm partition of a GPU or CPU job (config `slurm`); None: the cluster's default."""
-    slurm = m.config.get("slurm", {})
-    if gpu_job:
-        return slurm.get("partition")
-    return slurm.get("cpu_partition") or slurm.get("partition")
+def slurm_resources(m: Matrix, gpus: int = 0) -> dict:
+    """The Slurm resources of a job of no size class (prepare, tables, figures, report, the toy's and
+    the rehearsal's steps), only those set: partition, account, QOS, constraint, `slurm_extra`
+    (config key `slurm`, bfspo/pipeline/slurm.py), and its GPUs if it has any."""
+    res = slurm.resources(m.config, gpus > 0, gpus=gpus)
+    return {k: v for k, v in res.items() if v is not None}
 
 
-def slurm_resources(m: Matrix, gpu_job: bool) -> dict:
-    """Partition and account (config key `slurm`), only where set."""
-    slurm = m.config.get("slurm", {})
-    res = {}
-    if slurm.get("partition") or slurm.get("cpu_partition"):
-        res["slurm_partition"] = partition(m, gpu_job) or ""
-    if slurm.get("account"):
-        res["slurm_account"] = slurm["account"]
-    return res
-
-
-def resource_names(m: Matrix) -> list[str]:
-    """The names of the resources a train or evaluate job may set (`job_resources`; a job leaves
-    out those that do not apply to it)."""
-    return ["gpu", "gres", "nodes", "tasks_per_gpu", "cpus_per_gpu", "mem_mb", "runtime", "mpi", "tasks",
-            "slurm_extra", *slurm_resources(m, True)]
+# The resources a train or evaluate job may set (`job_resources`; a job leaves out those that do not apply to it).
+RESOURCE_NAMES = ("gpu", "gres", "nodes", "tasks_per_gpu", "cpus_per_gpu", "mem_mb", "runtime", "mpi", "tasks",
+                  "slurm_extra", *slurm.RESOURCES.values())
 
 
 def host_memory_mb(m: Matrix, run: str, stage: str) -> int:
@@ -156,17 +144,20 @@ def job_resources(m: Matrix, run: str, stage: str, plan=None) -> dict:
       starts the one step (`train_launcher`). The plugin asks for at least 2 tasks there (`tasks`;
       our step runs one per node);
     - `slurm_extra`: `--signal=USR1@<plan.signal_s>` for a planned training job: Slurm signals
-      every job step (not the batch shell, hence no `B:`) that long before the time limit;
+      every job step (not the batch shell, hence no `B:`) that long before the time limit; then the
+      user's reservation and sbatch options;
     - GPUs: `gpu` (sbatch `--gpus`, which counts the whole job's GPUs) on one node; across nodes
-      `gres: gpu:<gpus>`, which counts GPUs per node, so that every node gets its ranks' GPUs.
+      `gres: gpu:<gpus>`, which counts GPUs per node, so that every node gets its ranks' GPUs; with
+      a `slurm.gpu_type`, `gres: gpu:<type>:<gpus>`;
+    - partition, account, QOS, constraint: the config's `slurm` keys for a GPU (or CPU-only) job of
+      the run's size class (bfspo/pipeline/slurm.py).
     """
     n = gpus(m, run, stage)
     res = m.size_class(run)
     n_nodes = nodes(m, run, stage)
     srun_step = stage == "train" and n > 0
+    signal = [f"--signal={SLURM_SIGNAL}@{plan.signal_s}"] if srun_step and plan is not None else []
     return dict(
-        gpu=n if n_nodes == 1 else None,
-        gres=f"gpu:{n}" if n_nodes > 1 else None,
         nodes=n_nodes,
         tasks_per_gpu=0,  # no task per GPU: torchrun (in our srun step, on a GPU class) starts the ranks
         cpus_per_gpu=res.get("cpus_per_gpu", 0) if n else 0,
@@ -174,8 +165,7 @@ def job_resources(m: Matrix, run: str, stage: str, plan=None) -> dict:
         runtime=plan.runtime_min if plan is not None else res[f"{stage}_runtime"],
         mpi="srun" if srun_step else None,
         tasks=max(2, n_nodes) if srun_step else None,
-        slurm_extra=f"--signal={SLURM_SIGNAL}@{plan.signal_s}" if srun_step and plan is not None else None,
-        **slurm_resources(m, n > 0),
+        **slurm.resources(m.config, n > 0, m.size_of(run), n, n_nodes, signal),
     )
 
 

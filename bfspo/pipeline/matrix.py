@@ -20,8 +20,8 @@ import re
 import shlex
 from pathlib import Path
 
-from bfspo.errors import BfspoError
-from bfspo.pipeline.schema import SCHEMA, SchemaError, validate_config
+from bfspo.pipeline import slurm
+from bfspo.pipeline.schema import SCHEMA, ConfigProblems, SchemaError, validate_config
 
 ZERO_SHOT = "zero-shot"
 TOY_DATA_FILES = ["train", "rl_train", "toy", "toy_ood"]
@@ -29,8 +29,8 @@ PREPARED_SPLITS = ["gsm8k_train", "math_train", "gsm8k", "math500", "mmlu_stem",
 _EXPONENT_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
-class ConfigError(BfspoError):
-    """A workflow config that the schema accepts but that cannot be planned."""
+class ConfigError(ConfigProblems):
+    """A workflow config that cannot be read or planned (one line per problem, `ConfigProblems`)."""
 
 
 def normalise_numbers(config: dict) -> None:
@@ -54,14 +54,14 @@ def load_config(path: str | Path, schema: str | Path = SCHEMA) -> dict:
     try:
         config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"cannot read {path}: {e}") from None
+        raise ConfigError([f"cannot read {path}: {e}"]) from None
     if not isinstance(config, dict):
-        raise ConfigError(f"{path}: a workflow config is a YAML mapping")
+        raise ConfigError([f"{path}: a workflow config is a YAML mapping"])
     normalise_numbers(config)
     try:
         validate_config(config, schema)
     except SchemaError as e:
-        raise ConfigError(f"{path}: {e}") from None
+        raise ConfigError([f"{path}: {p}" for p in e.problems], e.footer) from None
     return config
 
 
@@ -86,7 +86,8 @@ def data_parallel_ranks(res: dict, tensor_parallel: int = 1) -> int:
 
 def reference_errors(config: dict) -> list[str]:
     """What the schema cannot check: names used by tables must exist, models' size classes and GPU
-    counts must fit, and sections that other keys need must be there."""
+    counts must fit, sections that other keys need must be there, and the `slurm` keys
+    (`slurm.problems`)."""
     errors = []
     results = config.get("results", "results")
 
@@ -135,7 +136,7 @@ def reference_errors(config: dict) -> list[str]:
                       "so train.limit must set how many (the first N of every train set)")
     if "toy" not in config and any(p.startswith(f"{results}/toy") for p in toy_paths):
         errors.append("paths under results/toy... are built by the toy rules and need a 'toy' section")
-    return errors
+    return errors + slurm.problems(config)
 
 
 class Matrix:
@@ -144,7 +145,7 @@ class Matrix:
     def __init__(self, config: dict):
         errors = reference_errors(config)
         if errors:
-            raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+            raise ConfigError(errors)
         self.config = config
         self.results = config.get("results", "results")
         self.wandb = config["wandb"]
@@ -310,8 +311,12 @@ class Matrix:
         """The model key of a training run or a zero-shot run id."""
         return self.runs[run]["model"] if run in self.runs else self.zero_shot_runs[run][0]
 
+    def size_of(self, run: str) -> str:
+        """The name of the size class of a run's (or a zero-shot run's) model."""
+        return self.config["models"][self.model_of(run)]["size"]
+
     def size_class(self, run: str) -> dict:
-        return self.config["resources"][self.config["models"][self.model_of(run)]["size"]]
+        return self.config["resources"][self.size_of(run)]
 
     def stand_in_path(self, size: str) -> str:
         return f"{self.config['stand_ins']['dir']}/{size}"

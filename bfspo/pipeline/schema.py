@@ -2,7 +2,8 @@
 can act on: each violation in one line, its place in the config (`train.group_sise`), and for an
 unknown key the closest known one ("did you mean 'seeds'?") and the known keys, as
 `bfspo train --set` names them. jsonschema's own report (the whole schema and config, hundreds of
-lines) follows only with BFSPO_VERBOSE=1 in the environment.
+lines) follows only with BFSPO_VERBOSE=1 in the environment. `located` puts the config file's name
+before each line (`config/paper.yaml: slurm.qos: ...`), as the workflow and `bfspo plan` print them.
 
 `validate_config` is what workflow/rules/common.smk and `load_config` (bfspo/pipeline/matrix.py) call:
 Snakemake's `validate`, which also fills in the schema's defaults.
@@ -25,8 +26,31 @@ MAX_SHOWN = 3  # violations listed; the count of the others follows
 _MAX_VALUE = 60  # characters of a value quoted in a message
 
 
-class SchemaError(BfspoError):
+class ConfigProblems(BfspoError):
+    """A workflow config refused: one line per problem, each placed in the config (`train.lr: ...`),
+    and a footer; `located(source)` puts the config file's name before each line."""
+
+    def __init__(self, problems: list[str], footer: str | None = None):
+        self.problems, self.footer = list(problems), footer
+        super().__init__(self.located(None))
+
+    def located(self, source: str | None) -> str:
+        lines = [f"{source}: {p}" if source else p for p in self.problems] + ([self.footer] if self.footer else [])
+        return "invalid config:\n  " + "\n  ".join(lines)
+
+
+class SchemaError(ConfigProblems):
     """A workflow config that its schema refuses."""
+
+
+def verbose() -> bool:
+    """BFSPO_VERBOSE=1 in the environment: the full reports (jsonschema's, Snakemake's own location)."""
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def located(error: BfspoError, source: str) -> str:
+    """An error refusing a config, with the config file's name (`source`) before each of its lines."""
+    return error.located(source) if isinstance(error, ConfigProblems) else f"{source}: {error}"
 
 
 def validate_config(config: dict, schema: str | Path = SCHEMA) -> None:
@@ -40,15 +64,13 @@ def validate_config(config: dict, schema: str | Path = SCHEMA) -> None:
     except WorkflowError as e:
         lines = schema_problems(config, schema) or [str(e)]
         shown = lines[:MAX_SHOWN] + ([f"... and {len(lines) - MAX_SHOWN} more"] if len(lines) > MAX_SHOWN else [])
-        if os.environ.get(VERBOSE_ENV, "") not in ("", "0"):
-            shown.append(f"jsonschema's report:\n{e}")
-        else:
-            shown.append(f"({VERBOSE_ENV}=1 prints jsonschema's full report)")
-        raise SchemaError("invalid config:\n  " + "\n  ".join(shown)) from None
+        footer = f"jsonschema's report:\n{e}" if verbose() else f"({VERBOSE_ENV}=1 prints jsonschema's full report)"
+        raise SchemaError(shown, footer) from None
 
 
 def schema_problems(config: dict, schema: str | Path = SCHEMA) -> list[str]:
-    """One line per violation of the schema, most relevant first (jsonschema's `best_match` order)."""
+    """One line per violation of the schema, most relevant first (jsonschema's `best_match` order),
+    each after its key path (`slurm.qos: ...`; nothing before a problem of the top level)."""
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import best_match, relevance
 
@@ -64,26 +86,30 @@ def _describe(error) -> str:
         known = list(error.schema.get("properties", {}))
         unknown = [k for k in error.instance if k not in known]
         if known and unknown:
-            return "; ".join(_unknown_key(where, k, known) for k in unknown)
+            return "; ".join(_at(where, _unknown_key(k, known)) for k in unknown)
     if error.validator == "enum":
-        return f"{where}: {_short(error.instance)} is not one of {', '.join(map(str, error.validator_value))}"
+        return _at(where, f"{_short(error.instance)} is not one of {', '.join(map(str, error.validator_value))}")
     if error.validator == "required":
-        return f"{where}: {error.message}"
-    return f"{where}: {_short(error.instance)} is not valid here ({error.validator}: {_short(error.validator_value)})"
+        return _at(where, error.message)
+    return _at(where, f"{_short(error.instance)} is not valid here ({error.validator}: {_short(error.validator_value)})")
 
 
-def _unknown_key(where: str, key: str, known: list[str]) -> str:
+def _at(where: str, what: str) -> str:
+    return f"{where}: {what}" if where else what
+
+
+def _unknown_key(key: str, known: list[str]) -> str:
     close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
     hint = f"; did you mean '{close[0]}'?" if close else ""
-    return f"{where}: unknown key '{key}'{hint} (known keys: {', '.join(known)})"
+    return f"unknown key '{key}'{hint} (known keys: {', '.join(known)})"
 
 
 def _path(parts) -> str:
-    """`train.group_size`, `tables.toy-ablation.columns[0]`; the top level is `config`."""
+    """`train.group_size`, `tables.toy-ablation.columns[0]`; "" at the top level."""
     out = ""
     for p in parts:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "config"
+    return out
 
 
 def _short(value) -> str:

@@ -7,10 +7,13 @@ takes and why); eps_low 0.2, eps_high 0.28; K = 3 expansions. The paper never st
 default G = 8 is ours (DAPO's recipe uses 16 answers per prompt). Dynamic sampling fills every
 batch as verl's DAPO recipe does: 3x the questions needed, up to 10 generation rounds.
 A config is a YAML mapping of these fields; `key=value` overrides are parsed as YAML scalars.
+This module imports no torch (tests/test_train_help.py checks it): `bfspo train` checks its
+arguments against these fields before it imports the trainer (bfspo/training/cli.py).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import textwrap
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -27,6 +30,7 @@ from bfspo.rollout.streamed import ROLLOUTS, resolve_rollout
 from bfspo.errors import BfspoError
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+KEYS_HELP = "every key, with its default and meaning: bfspo train --help, or config/README.md, section train"
 
 
 # Fields that say how a run is observed, threaded or checkpointed, or how much memory it takes, not
@@ -412,15 +416,22 @@ def load_train_config(path: str | None, overrides: list[str]) -> TrainConfig:
     return config_from_values(values)
 
 
+def unknown_key(key: str) -> str:
+    """Why `key` is no TrainConfig field, with the closest field (difflib) and where every field is
+    described, in place of the list of them all."""
+    close = difflib.get_close_matches(key, [f.name for f in fields(TrainConfig)], n=1, cutoff=0.6)
+    return f"unknown key '{key}'" + (f"; did you mean '{close[0]}'?" if close else "") + f" ({KEYS_HELP})"
+
+
 def config_from_values(values: dict) -> TrainConfig:
     """A TrainConfig from a mapping of its fields, as a YAML config or `--set` overrides give them (a
     number may come as a string); unknown or missing keys and values of the wrong type are errors.
     The workflow checks every planned run through this too (bfspo.preflight)."""
     values = dict(values)
     known = {f.name: f for f in fields(TrainConfig)}
-    unknown = sorted(set(values) - set(known))
+    unknown = sorted(set(values) - set(known), key=str)
     if unknown:
-        raise BfspoError(f"config: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(known)}")
+        raise BfspoError("config: " + "; ".join(unknown_key(str(k)) for k in unknown))
     missing = [n for n, f in known.items() if f.default is MISSING and f.default_factory is MISSING and n not in values]
     if missing:
         raise BfspoError(f"config: missing required key(s) {', '.join(missing)}")

@@ -24,7 +24,6 @@ previous/<n>/ and starts over (`prepare_run_dir`, bfspo.history).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -43,7 +42,7 @@ from bfspo import console, fingerprint, history, runlock
 from bfspo.device import resolve_device
 from bfspo.training import batching, checkpoint, dist, step_metrics, validation
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
-from bfspo.training.config import TrainConfig, identity_ignores, load_train_config
+from bfspo.training.config import TrainConfig, identity_ignores
 from bfspo.training.samples import sample_table
 from bfspo.errors import BfspoError
 from bfspo.io import append_line, atomic_write_text, read_json, read_jsonl, remove_temporaries, write_json
@@ -594,20 +593,9 @@ def set_aside(run_dir: Path, differ: list[str]) -> None:
                  f"run, {what}, to {moved}, where it stays until you delete it; training from step 0")
 
 
-def configure_parser(p: argparse.ArgumentParser) -> None:
-    from bfspo.training.config import config_help
-
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = config_help()
-    p.add_argument("--config", help="YAML file of TrainConfig fields (the keys below)")
-    p.add_argument("--set", nargs="+", default=[], action="extend", metavar="KEY=VALUE",
-                   help="override config fields, e.g. --set k=3 advantage=global")
-    p.add_argument("--output-dir", required=True, help="run directory (resumed if it holds a checkpoint)")
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = load_train_config(args.config, args.set)
-    run_dir = Path(args.output_dir)
+def train(cfg: TrainConfig, run_dir: Path) -> int:
+    """`bfspo train` once its arguments are checked (bfspo/training/cli.py): train `cfg` in `run_dir`,
+    resuming from its checkpoint; 0 when the run is done."""
     device = resolve_device(cfg.device)  # before anything else: a GPU job without CUDA stops here
     if cfg.tree_attention == "flex" and device.type != "cuda":
         raise BfspoError(f"tree_attention: flex trains on CUDA only (torch has no flex attention backward pass on "

@@ -3,13 +3,15 @@ bfspo/pipeline (the experiment matrix, and each job's settings, arguments and re
 tests import directly. Only what speaks Snakemake's language (wildcards, outputs, errors) is here.
 """
 
+import atexit
 import os
 import shlex
+import sys
 
 from snakemake.exceptions import WorkflowError
 
 from bfspo.errors import BfspoError
-from bfspo.pipeline import gpu_plan, jobs
+from bfspo.pipeline import gpu_plan, jobs, slurm
 from bfspo.pipeline.matrix import (
     PREPARED_SPLITS,
     TOY_DATA_FILES,
@@ -18,16 +20,36 @@ from bfspo.pipeline.matrix import (
     normalise_numbers,
     toy_data_args,
 )
-from bfspo.pipeline.schema import validate_config
+from bfspo.pipeline.schema import ConfigProblems, located, validate_config, verbose
 from bfspo.preflight import plan_problems
 from bfspo.reporting.owner import config_id, owner_problems
+
+
+def _as_typed(path):
+    """A config file's path relative to the working directory (`config/paper.yaml`) where it is below it."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
+
+
+# The config files, as typed, that every refusal of the config and the unset-partition line name.
+CONFIG_SOURCE = " + ".join(map(_as_typed, workflow.configfiles)) or "the config"
+
+
+def refuse(error):
+    """Stop the plan: the problems, each after the config file's name. Snakemake's report of where
+    the workflow stopped (this file and line) only under BFSPO_VERBOSE=1."""
+    message = located(error, CONFIG_SOURCE)
+    if verbose():
+        raise WorkflowError(message) from None
+    sys.exit(message)
+
 
 normalise_numbers(config)
 try:
     validate_config(config, os.path.join(workflow.current_basedir, "..", "schemas", "config.schema.yaml"))
     MATRIX = Matrix(config)
 except BfspoError as e:
-    raise WorkflowError(str(e)) from None
+    refuse(e)
 
 # Conda environment of every rule (`--sdm conda`); without it the rules use the active venv.
 CONDA_ENV = "../envs/bfspo.yaml"
@@ -47,17 +69,29 @@ _PROBLEMS = plan_problems({r: jobs.train_settings(MATRIX, r) for r in RUNS}, [
     for spec in config["tables"].values() for m in spec["models"] for c in spec["columns"]],
     MATRIX.built_model_paths())
 if _PROBLEMS:
-    raise WorkflowError("invalid config:\n  " + "\n  ".join(_PROBLEMS))
+    refuse(ConfigProblems(_PROBLEMS))
 # A table that another config built in the same results folder is refused, not overwritten.
 CONFIG_ID = config_id(workflow.configfiles)
 _OWNERS = owner_problems(f"{RESULTS}/tables", config["tables"], CONFIG_ID)
 if _OWNERS:
-    raise WorkflowError("\n".join(_OWNERS))
+    refuse(BfspoError("\n".join(_OWNERS)))
 try:
     PLANS = gpu_plan.plan_matrix(MATRIX)  # peak memory and time of every GPU job (`bfspo plan` prints them)
     gpu_plan.check(MATRIX, PLANS)
 except BfspoError as e:
-    raise WorkflowError(str(e)) from None
+    refuse(e)
+
+
+def _submitting_dry_run():
+    """A dry run of jobs that would be submitted (`--profile slurm -n`): Snakemake fills in default
+    resources for a remote executor (the profile sets its own); a local dry run has none."""
+    return workflow.dryrun and workflow.resource_settings.default_resources is not None
+
+
+# Such a dry run ends saying which of partition and account are unset (printed when Snakemake exits).
+_UNSET = slurm.unset_line(config, CONFIG_SOURCE)
+if _UNSET:
+    atexit.register(lambda: _submitting_dry_run() and print(_UNSET))
 
 summary = MATRIX.summary
 table_summaries = MATRIX.table_summaries
@@ -96,9 +130,9 @@ def logged_in_output_dir(name, log_pattern):
     return link
 
 
-def slurm_resources(gpu_job=False):
-    """Partition and account of a job that is (or is not) a GPU job."""
-    return jobs.slurm_resources(MATRIX, gpu_job)
+def slurm_resources(gpus=0):
+    """The Slurm resources (partition, account, QOS, ...) of a job of no size class, with `gpus` GPUs."""
+    return jobs.slurm_resources(MATRIX, gpus)
 
 
 def _plan(wildcards, stage):
@@ -112,7 +146,7 @@ def job_resources(stage):
     (bfspo/pipeline/jobs.py); a resource that does not apply to a job is None, which leaves it out."""
     return {
         name: (lambda wc, name=name: jobs.job_resources(MATRIX, wc.run, stage, _plan(wc, stage))[name])
-        for name in jobs.resource_names(MATRIX)
+        for name in jobs.RESOURCE_NAMES
     }
 
 

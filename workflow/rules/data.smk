@@ -10,6 +10,8 @@ rule prepare:
         "logs/prepare.log",
     params:
         out_dir=output_dir,
+    resources:
+        **slurm_resources(),
     conda:
         CONDA_ENV
     shell:

@@ -38,8 +38,7 @@ if "toy" in config:
         # 1 thread): never taken from --cores, the same on every machine, and unhurt by shared cores.
         threads: 1
         resources:
-            gpu=TOY.get("gpus", 0),
-            **slurm_resources(TOY.get("gpus", 0) > 0),
+            **slurm_resources(TOY.get("gpus", 0)),
         conda:
             CONDA_ENV
         shell:
