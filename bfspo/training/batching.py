@@ -6,7 +6,9 @@ A batch holds `target` complete chains, for DAPO (K = 0: a tree is a group of G)
 trees"). Trees without signal are dropped (DAPO's constraint 0 < |{o_i correct}| < G, Eq. 2;
 `keep_tree`). As in verl's DAPO recipe, each generation round asks for more questions than the
 missing chains need (`oversample`), and rounds repeat until the batch is full or `max_rounds` are
-spent. Kept trees beyond the batch are discarded, as verl discards its surplus prompts.
+spent. Kept trees beyond the batch are discarded, as verl discards its surplus prompts. On one
+streamed engine loop (`fill_streamed`) there are no rounds, and the batch is taken in the order the
+questions were drawn, whatever order their trees finish in.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ class Filled:
     """What dynamic sampling produced for one batch (on one rank)."""
 
     kept: list = field(default_factory=list)  # trees with signal, in generation order
-    generated: list = field(default_factory=list)  # every generated tree
+    generated: list = field(default_factory=list)  # every generated tree (streamed: those of the batch's prefix)
     rounds: int = 0
+    aborted: int = 0  # trees started and dropped unused (streamed: after the batch's prefix)
+    aborted_tokens: int = 0  # the tokens generated for them
 
 
 def fill(generate: Callable[[int, int], list], keep: Callable[[object], bool], target: int,
@@ -70,24 +74,42 @@ def fill(generate: Callable[[int, int], list], keep: Callable[[object], bool], t
 
 def fill_streamed(search, add: Callable[[], None], keep: Callable[[object], bool], target: int,
                   chains_per_question: int, oversample: float, max_rounds: int) -> Filled:
-    """Dynamic sampling on one engine loop (bfspo.rollout.streamed.StreamedSearch): a question is
-    added as soon as the engine has room for its G samples while the trees still growing are fewer
-    than the questions the missing chains call for (`questions_to_ask`, as a lockstep round would
-    ask them), until `select` can fill `target` chains from the finished, kept trees. The trees
-    still growing then are dropped (as verl drops its surplus prompts).
+    """Dynamic sampling on one engine loop (bfspo.rollout.streamed.StreamedSearch), the batch taken
+    in draw order.
 
-    `add()` plants the next question's tree in `search`. At most `max_rounds` times the questions of
-    a lockstep round that misses the whole batch are asked. Trees count in the order they were
-    added (their index), whatever order they finish in: `kept` and `generated` are in that order.
-    `rounds` is 1: there are no rounds.
+    Trees are numbered in the order their questions were added, which is the data order. The batch
+    is `select` over the kept trees of the shortest prefix of that order whose trees have all
+    finished and fill `target` chains. A tree enters by its place in the draw order, never by when
+    it finished: a later tree that finished first waits for the trees before it, while the engine
+    keeps running them. So the batch does not depend on the engine's timing, and it is the batch
+    that `fill` makes of the same trees when it fills in its first round.
+
+    `add()` plants the next question's tree in `search`. A question is added whenever the engine
+    has room for its G samples and the trees still growing are fewer than the questions the missing
+    chains call for (`questions_to_ask`, as a lockstep round asks them), the finished kept trees
+    counting as present (`select` over the prefix's batch and the later finished kept trees). At
+    most `max_rounds` times the questions of a lockstep round that misses the whole batch are asked.
+
+    When the batch is full, the trees after its prefix are dropped: those still growing are aborted,
+    the finished ones discarded. `generated` and `kept` hold the prefix's trees, in draw order;
+    `aborted` counts the dropped trees and `aborted_tokens` the tokens generated for them, partial
+    samples included (`search.abort()`), so that the caller can give their questions back to the
+    data order and count the work. `rounds` is 1: there are no rounds.
     """
     done: dict[int, object] = {}
-    kept: dict[int, object] = {}
+    kept: dict[int, bool] = {}
+    batch, chains, prefix = [], 0, 0  # `select` over the kept trees of trees 0 .. prefix - 1
     asked, most = 0, max_rounds * questions_to_ask(target, chains_per_question, oversample)
     while True:
-        have = sum(tree_chains(t) for t in select([kept[i] for i in sorted(kept)], target))
-        if have >= target:
+        while prefix in done and chains < target:
+            if kept[prefix]:
+                batch = select(batch + [done[prefix]], target)  # first fit goes on where it stopped
+                chains = sum(tree_chains(t) for t in batch)
+            prefix += 1
+        if chains >= target:
             break
+        later = [done[i] for i in sorted(done) if i >= prefix and kept[i]]
+        have = sum(tree_chains(t) for t in select(batch + later, target))
         wanted = questions_to_ask(target - have, chains_per_question, oversample)
         while (asked < most and search.growing < wanted
                and (search.growing == 0 or search.room() >= search.group_size)):
@@ -97,10 +119,11 @@ def fill_streamed(search, add: Callable[[], None], keep: Callable[[object], bool
             break
         for i in search.step():
             done[i] = search.trees[i]
-            if keep(done[i]):
-                kept[i] = done[i]
-    search.abort()
-    return Filled(kept=[kept[i] for i in sorted(kept)], generated=[done[i] for i in sorted(done)], rounds=1)
+            kept[i] = keep(done[i])
+    aborted_tokens = search.abort() + sum(done[i].n_tokens for i in done if i >= prefix)
+    generated = [done[i] for i in range(prefix)]
+    return Filled(kept=[t for i, t in enumerate(generated) if kept[i]], generated=generated, rounds=1,
+                  aborted=asked - prefix, aborted_tokens=aborted_tokens)
 
 
 def select(kept: Sequence, target: int) -> list:

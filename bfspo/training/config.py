@@ -179,7 +179,8 @@ class TrainConfig:
         "help": "How the trees are grown: 'lockstep' (K+1 batched engine calls per generation round, each "
                 "waiting for its longest chain), 'streamed' (vLLM only: one engine loop in which each tree "
                 "expands as soon as its G samples finish, and dynamic sampling adds a question as soon as the "
-                "engine has room), or 'auto': streamed on vllm, lockstep on transformers (docs/algorithm.md, "
+                "engine has room; the batch is taken in the order the questions were drawn, never by finish "
+                "time), or 'auto': streamed on vllm, lockstep on transformers (docs/algorithm.md, "
                 "'Streamed rollout')."})
     rollout_batch_size: int = field(default=64, metadata={
         "help": "Most sequences the transformers engine decodes at once (vLLM's limit is max_num_seqs)."})

@@ -7,7 +7,9 @@ One row goes both to metrics.jsonl and to W&B, with the same keys:
   would also sample), with their spread, the shortest, the mean length of the finished ones (ended
   with EOS), the fraction cut off at the budget, the length reward R_l (Eq. 3) as its own term,
   entropy, dynamic-sampling counts (the fraction of groups filtered out, the chains generated against
-  `chains` trained on) and token counts; the engine's occupancy (the mean sequences it decoded per
+  `chains` trained on) and token counts (`tokens_generated`, every token the engine generated,
+  `tokens_aborted` of them on trees a streamed step dropped: bfspo.training.batching.fill_streamed,
+  with `questions_aborted`); the engine's occupancy (the mean sequences it decoded per
   engine step over the most it can, vLLM's max_num_seqs or the transformers engine's
   rollout_batch_size) and its engine steps;
 - `tree/`: depth, backtracks and their depth, branching nodes and the tied ones (children with
@@ -47,7 +49,8 @@ SECTIONS = {
     "questions_generated": "rollout/questions_generated", "questions_kept": "rollout/questions_kept",
     "trees": "rollout/trees", "chains_target": "rollout/chains_target", "batch_full": "rollout/batch_full",
     "tokens_unique": "rollout/tokens_unique", "tokens_total": "rollout/tokens_total",
-    "rollout_tokens": "rollout/tokens_generated", "packing_gain": "rollout/packing_gain",
+    "rollout_tokens": "rollout/tokens_generated", "tokens_aborted": "rollout/tokens_aborted",
+    "questions_aborted": "rollout/questions_aborted", "packing_gain": "rollout/packing_gain",
     "verify_timeouts": "rollout/verify_timeouts", "occupancy": "rollout/occupancy",
     "engine_steps": "rollout/engine_steps",
     "logprob_gap_mean": "rollout/logprob_gap_mean", "logprob_gap_max": "rollout/logprob_gap_max",
@@ -74,6 +77,7 @@ TRAIN_DEFAULTS = {k: float("nan") for k in ("loss", "grad_norm", "clip_frac", "c
 TRAIN_DEFAULTS |= {"optimizer_steps": 0, "skipped_steps": 0}
 # statistics summed over ranks, and those whose maximum or minimum is kept; the others are averaged
 SUMMED = frozenset({"groups_kept", "groups_filtered", "chains", "chains_generated", "tokens_unique", "tokens_total", "rollout_tokens",
+                    "tokens_aborted", "questions_aborted",
                     "backtracks", "branching_nodes", "tied_branching_nodes", "verify_timeouts"})
 MAXED = frozenset({"len_max", "tree_depth_max", "gen_rounds", "entropy_max", "adv_max"})
 MINNED = frozenset({"len_min", "adv_min"})

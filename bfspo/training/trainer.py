@@ -229,8 +229,12 @@ class Trainer:
                 q = self.next_questions(1)[0]
                 prepare(q, search.trees[search.add(q.prompt_ids, self.scorer(q))], 0)
 
+            start = self.cursors[self.rank]
             filled = batching.fill_streamed(search, add, keep, target, cfg.chains_per_question, cfg.oversample,
                                             cfg.max_gen_rounds)
+            # The step consumes the questions of its prefix only: those of the trees it dropped go back to
+            # the data order, so that the next step's questions do not depend on the engine's timing either.
+            self.cursors[self.rank] = start + len(filled.generated)
         else:
             filled = batching.fill(generate, keep, target, cfg.chains_per_question, cfg.oversample,
                                    cfg.max_gen_rounds, agree=dist.any_rank)
@@ -246,7 +250,9 @@ class Trainer:
                      chains_generated=sum(len(t.leaves()) for t in filled.generated),
                      groups_filtered=len(filled.generated) - len(filled.kept),
                      tokens_unique=sum(t.n_tokens for t in batch), tokens_total=sum(t.n_chain_tokens for t in batch),
-                     rollout_tokens=sum(t.n_tokens for t in filled.generated), verify_timeouts=timeouts() - missed,
+                     rollout_tokens=sum(t.n_tokens for t in filled.generated) + filled.aborted_tokens,
+                     tokens_aborted=filled.aborted_tokens, questions_aborted=filled.aborted,
+                     verify_timeouts=timeouts() - missed,
                      **self.engine.pop_occupancy())
         return batch, filled.generated, stats
 
