@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 
+from bfspo.pipeline import chains
 from bfspo.pipeline.gpu_plan import (CHECKPOINT_BYTES_S, CUDA_CONTEXT, HEAD_CHUNK_ROWS, SAFETY, VLLM_ASLEEP, EvalPlan,
                                      TrainPlan, largest_micro_batch, plan_matrix)
 from bfspo.pipeline.matrix import Matrix, load_config
@@ -134,6 +135,9 @@ def run(args) -> int:
     print("\n".join(summary_lines(m, plans)))
     if plans.train:
         print("\n".join(micro_batch_lines(m, plans, args.gpu_mem_gb)))
+    short = chains.warning(chains.shortfalls(m))
+    if short:
+        print("\n" + short)
     errors = plans.errors()
     if errors:
         print("\nJobs that cannot run:\n  " + "\n  ".join(errors))

@@ -7,9 +7,10 @@ import os
 import shlex
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 
 from bfspo.errors import BfspoError
-from bfspo.pipeline import gpu_plan, jobs
+from bfspo.pipeline import chains, gpu_plan, jobs
 from bfspo.pipeline.matrix import (
     PREPARED_SPLITS,
     TOY_DATA_FILES,
@@ -58,6 +59,10 @@ try:
     gpu_plan.check(MATRIX, PLANS)
 except BfspoError as e:
     raise WorkflowError(str(e)) from None
+# An arm whose whole trees cannot fill its chains per batch or optimizer step is named, not refused.
+_CHAINS = chains.warning(chains.shortfalls(MATRIX))
+if _CHAINS:
+    logger.warning(_CHAINS)
 
 summary = MATRIX.summary
 table_summaries = MATRIX.table_summaries
@@ -94,6 +99,11 @@ def logged_in_output_dir(name, log_pattern):
         return os.path.relpath(os.path.join(os.path.dirname(output[0]), name), log_dir)
 
     return link
+
+
+def cpu_numerics(wildcards):
+    """The `env` prefix that pins the CPU numerics of a toy job ("" on a job of another model)."""
+    return jobs.numerics_prefix(MATRIX, getattr(wildcards, "run", None))
 
 
 def slurm_resources(gpu_job=False):
