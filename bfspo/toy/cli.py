@@ -57,8 +57,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         build.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), default=None,
                            help=f"override the size's {name}")
     build.add_argument("--native-numerics", action="store_true",
-                       help="run on this CPU's own kernels instead of the pinned ones of bfspo/toy/numerics.py: "
-                            "faster on some CPUs, but the bytes then depend on the CPU")
+                       help="leave the CPU numerics to the environment (this CPU's own kernels, unless it sets "
+                            "ATEN_CPU_CAPABILITY, MKL_CBWR or ONEDNN_MAX_CPU_ISA) instead of pinning those of "
+                            "bfspo/toy/numerics.py: faster (2.5x for the default SFT on an AVX-512 Xeon), but the "
+                            "bytes then depend on the CPU")
     from bfspo import tracking
 
     tracking.add_arguments(build, "fine-tuning (losses and learning rate per step, sft/)")

@@ -162,7 +162,8 @@ def compare(record_path: str | Path, info: dict[str, str], hashes: dict[str, str
                          "pinned numerics: they did not make these bytes CPU-independent. Report it, with both CPUs.")
         elif kernels:
             lines.append("  The model's bytes follow the CPU kernels, which differ here: "
-                         + "; ".join(f"{k} {info.get(k)} (record: {rec_info.get(k)})" for k in kernels) + ".")
+                         + "; ".join(f"{k} {info.get(k)} (record: {rec_info.get(k, 'not recorded')})" for k in kernels)
+                         + ".")
         else:
             lines.append("  CPU, numerics, torch and SFT threads are those of the record: the code, the data or the "
                          "installed packages differ (or the build is not deterministic: report it).")
