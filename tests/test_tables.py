@@ -226,6 +226,27 @@ def test_notes_name_the_runs_whose_batches_came_out_short(tmp_path, runs):
     assert "Short batches" not in (tmp_path / "out" / "abl.md").read_text()
 
 
+def test_the_chains_check_fails_on_a_step_below_95_percent_of_its_target(tmp_path, capsys):
+    """Issue 36's check of a finished `make toy`: `bfspo tables chains` passes runs whose every step
+    trained >= 95% of its target chains (62 of 64), and names, with exit 1, a run with one that did not."""
+    def metrics(run, chains):
+        path = tmp_path / "runs" / run / "metrics.jsonl"
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(json.dumps({"step": i + 1, "rollout/chains": c, "rollout/chains_target": 64}) + "\n"
+                                for i, c in enumerate(chains)) + json.dumps({"step": 2, "val-core/accuracy": 0.5}) + "\n")
+
+    metrics("toy_toy_dapo_s0", [64, 62, 64])
+    metrics("toy_toy_bfspo-k2_s0", [64, 64])
+    assert main(["tables", "chains", "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert "2 runs under" in capsys.readouterr().out
+    metrics("toy_toy_bfspo_s0", [64, 60, 48])
+    assert main(["tables", "chains", "--runs-dir", str(tmp_path / "runs")]) == 1
+    out = capsys.readouterr().out
+    assert "toy_toy_bfspo_s0: 2 of 3 steps trained on a short batch (fewest: 48 of 64 chains, step 3)" in out
+    assert "toy_toy_dapo_s0" not in out
+    assert main(["tables", "chains", "--runs-dir", str(tmp_path / "none")]) == 1
+
+
 def test_a_table_refuses_an_evaluation_of_another_base_model_or_adapter(tmp_path, runs, capsys):
     """Issue 31: an evaluation records the fingerprints of what it scored; a run records those of its
     base model (inputs.json) and published adapter (done.json). A table pairs them only when equal."""

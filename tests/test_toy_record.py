@@ -8,6 +8,7 @@ import pytest
 
 from bfspo.cli import main
 from bfspo.errors import BfspoError
+from bfspo.toy.numerics import PINNED, describe
 from bfspo.toy.record import build_info, compare, file_hashes, format_record, read_record
 
 
@@ -23,6 +24,7 @@ def built(tmp_path):
     (model / "config.json").write_text('{"model_type": "qwen2"}')
     (model / ".snakemake_timestamp").write_text("")
     (model / "sft.json").write_text(json.dumps({"config": {"threads": 1, "steps": 3000}, "device": "cpu",
+                                                "cpu_capability": "AVX2", "cpu_numerics": describe(PINNED),
                                                 "wall_s": 12.5}))
     return data, model
 
@@ -40,7 +42,9 @@ def test_hashes_cover_data_and_model_but_not_the_sft_summary_or_hidden_files(bui
 def test_a_hash_file_reads_back_and_is_sha256sums_format(built, tmp_path):
     data, model = built
     info, hashes = build_info(model), file_hashes(model, data)
-    assert info["sft_threads"] == "1" and info["sft_steps"] == "3000" and info["cpu_capability"]
+    assert info["sft_threads"] == "1" and info["sft_steps"] == "3000" and info["cpu_capability"] == "AVX2"
+    assert info["cpu_numerics"] == "ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2"
+    assert info["cpu_vendor"]
     path = tmp_path / "toy.sha256"
     path.write_text(format_record(info, hashes))
     assert read_record(path) == (info, hashes)
@@ -61,9 +65,35 @@ def test_compare_names_the_files_that_differ_and_the_kernels_behind_them(built, 
     assert not same and "MISMATCH: 1 of 7 files" in message and f"{model}/model.safetensors" in message
     assert "the code, the data or the installed packages differ" in message  # same CPU, torch and threads
 
-    elsewhere = {**info, "cpu": "AMD EPYC 7B13", "cpu_capability": "AVX2"}
+    elsewhere = {**info, "cpu": "AMD EPYC 7B13", "cpu_capability": "AVX512"}
     same, message = compare(record, elsewhere, file_hashes(model, data))
-    assert not same and "cpu AMD EPYC 7B13" in message and "cpu_capability AVX2" in message
+    assert not same and "cpu AMD EPYC 7B13" in message and "cpu_capability AVX512" in message
+
+
+def test_the_check_says_which_numerics_were_in_force_and_whether_bytes_matched_across_vendors(built, tmp_path):
+    """Issue 36: a record made on an Intel CPU, checked on an AMD one under the same pinned numerics."""
+    data, model = built
+    intel = {**build_info(model), "cpu": "Intel(R) Xeon(R) Processor", "cpu_vendor": "GenuineIntel"}
+    record = tmp_path / "record.sha256"
+    record.write_text(format_record(intel, file_hashes(model, data)))
+    amd = {**intel, "cpu": "AMD EPYC 9B14", "cpu_vendor": "AuthenticAMD"}
+
+    same, message = compare(record, intel, file_hashes(model, data))
+    assert same and "CPU numerics of this build's SFT: ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE " \
+                    "ONEDNN_MAX_CPU_ISA=AVX2." in message and "vendors" not in message
+    same, message = compare(record, amd, file_hashes(model, data))
+    assert same and "The record's CPU is a GenuineIntel one (Intel(R) Xeon(R) Processor), this build's a " \
+                    "AuthenticAMD one (AMD EPYC 9B14): the bytes matched across CPU vendors." in message
+
+    (model / "model.safetensors").write_bytes(b"other weights")
+    same, message = compare(record, amd, file_hashes(model, data))
+    assert not same and "the bytes did not match across CPU vendors" in message
+    assert "Only the CPU differs (AMD EPYC 9B14; record: Intel(R) Xeon(R) Processor), under the same pinned " \
+           "numerics" in message
+    native = {**amd, "cpu_numerics": describe({})}
+    same, message = compare(record, native, file_hashes(model, data))
+    assert not same and "(record: ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2)" in message
+    assert "cpu_numerics ATEN_CPU_CAPABILITY=unset" in message
 
 
 def test_toy_hash_prints_a_mismatch_and_exits_0(built, tmp_path, capsys):

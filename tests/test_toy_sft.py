@@ -123,10 +123,12 @@ def test_build_rejects_an_unknown_size(tmp_path, rows, capsys):
 def test_build_is_bit_reproducible_whatever_the_thread_environment_and_the_load(tmp_path, rows):
     """Issue 24: the model's bytes depend on the SFT's thread count, so the SFT fixes its own (1). A
     build in a process told to use 2 threads (as Snakemake's OMP_NUM_THREADS is, for a 2-thread job),
-    run while a second build loads the cores, gives the bytes of an explicit 1-thread build."""
+    run while a second build loads the cores, gives the bytes of an explicit 1-thread build. Both run
+    on the CPU numerics of the environment (--native-numerics): this process loaded torch without
+    the pinned ones."""
     train = tmp_path / "train.jsonl"
     write_jsonl(train, rows)
-    args = ["toy", "build", "--train", str(train), "--size", "test", "--steps", "12"]
+    args = ["toy", "build", "--train", str(train), "--size", "test", "--steps", "12", "--native-numerics"]
     env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
     other = subprocess.Popen([sys.executable, "-m", "bfspo.cli", *args, "--out-dir", str(tmp_path / "a")], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -142,3 +144,27 @@ def test_build_is_bit_reproducible_whatever_the_thread_environment_and_the_load(
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     losses = [json.loads((tmp_path / d / "sft.json").read_text())["losses"] for d in "ab"]
     assert losses[0] == losses[1]
+
+
+def test_build_pins_its_cpu_numerics_over_the_environments_and_records_them(tmp_path, rows):
+    """Issue 36: `bfspo toy build` sets bfspo/toy/numerics.py's settings before torch loads, over what
+    the environment says (here torch's AVX-512 kernels and MKL's Intel-only AVX2 branch), so both
+    builds give the same bytes; sft.json records the settings and torch's capability. With
+    --native-numerics the environment's settings stay, and sft.json says so."""
+    from bfspo.toy.numerics import PINNED, describe
+
+    train = tmp_path / "train.jsonl"
+    write_jsonl(train, rows)
+    args = [sys.executable, "-m", "bfspo.cli", "toy", "build", "--train", str(train), "--size", "test", "--steps", "6"]
+    ambient = {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}
+    plain = {k: v for k, v in os.environ.items() if k not in PINNED}
+    for name, env, extra in (("a", plain, []), ("b", plain | ambient, []), ("c", plain | ambient, ["--native-numerics"])):
+        out = subprocess.run(args + ["--out-dir", str(tmp_path / name)] + extra, env=env, capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert (tmp_path / "a/model.safetensors").read_bytes() == (tmp_path / "b/model.safetensors").read_bytes()
+    summaries = {name: json.loads((tmp_path / name / "sft.json").read_text()) for name in "abc"}
+    assert summaries["a"]["cpu_numerics"] == summaries["b"]["cpu_numerics"] == describe(PINNED)
+    assert summaries["c"]["cpu_numerics"] == describe(ambient)
+    if "avx2" in open("/proc/cpuinfo").read():
+        assert summaries["a"]["cpu_capability"] == summaries["b"]["cpu_capability"] == "AVX2"

@@ -271,6 +271,38 @@ def test_toy_dag(configfile):
     assert "gpu=1" not in out and "gpu=2" not in out
 
 
+def test_the_toy_rules_pin_the_cpu_numerics_of_every_toy_job_and_no_other():
+    """Issue 36: the toy's data, SFT, hash, training and evaluation commands start with the `env`
+    prefix of bfspo/toy/numerics.py (torch's AVX2 kernels, MKL's COMPATIBLE branch, oneDNN capped
+    at AVX2); the paper config's jobs, on hub models and GPUs, keep their environment."""
+    from bfspo.toy.numerics import PINNED
+
+    pinned_bfspo = "env ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2 bfspo "
+    assert PINNED == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    pinned = Counter()
+    for rule, text in jobs(dry_run("-p")):
+        command = re.search(r"Shell command: .*", text).group(0) if "Shell command" in text else ""
+        if rule in ("toy_data", "toy_model", "toy_check", "train", "evaluate"):
+            assert pinned_bfspo in command, (rule, command)
+            pinned[rule] += 1
+        else:
+            assert "ATEN_CPU_CAPABILITY" not in text, (rule, text)
+    assert pinned == Counter(toy_data=1, toy_model=1, toy_check=1, train=7, evaluate=16)
+    assert "ATEN_CPU_CAPABILITY" not in dry_run("-p", "--configfile", "config/paper.yaml")
+
+
+def test_a_dry_run_warns_of_an_arm_whose_trees_miss_its_chains_per_step(tmp_path):
+    """Issue 36: the toy before it (G = 8, 64 chains in mini-batches of 32) gave K = 2 trees of 24
+    chains, 48 per batch; `snakemake -n` names the arm, its tree size and the chains it reaches."""
+    def before(cfg):
+        cfg["train"].update(group_size=8, train_batch=64, mini_batch=32)
+
+    out = dry_run("--configfile", str(write_config(tmp_path, "config/config.yaml", before, own_results=True)))
+    assert "toy-ablation: arm toy_toy_bfspo-k2 (K = 2, G = 8): whole trees of 24 chains give 48 chains per batch, " \
+           "against a target of 64 (75%)" in out
+    assert "whole trees" not in dry_run()
+
+
 @pytest.mark.parametrize("configfile, gpus", [("config/toy-seeds.yaml", 0), ("config/toy-gpu.yaml", 1)])
 def test_seed_studies_plan_three_seeds_of_dapo_and_bfspo(configfile, gpus):
     out = dry_run("-p", "--configfile", configfile)

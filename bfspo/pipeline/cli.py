@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 
 from bfspo.errors import BfspoError
-from bfspo.pipeline import jobs, slurm
+from bfspo.pipeline import chains, jobs, slurm
 from bfspo.pipeline.gpu_plan import (CHECKPOINT_BYTES_S, CUDA_CONTEXT, HEAD_CHUNK_ROWS, SAFETY, VLLM_ASLEEP, EvalPlan,
                                      TrainPlan, largest_micro_batch, plan_matrix)
 from bfspo.pipeline.matrix import Matrix, load_config
@@ -219,6 +219,9 @@ def run(args) -> int:
     print("\n".join(summary_lines(m, plans)))
     if plans.train:
         print("\n".join(micro_batch_lines(m, plans, args.gpu_mem_gb)))
+    short = chains.warning(chains.shortfalls(m))
+    if short:
+        print("\n" + short)
     if not args.verbose:
         print("(the assumptions, and every job's memory and time term by term: bfspo plan --verbose)")
     errors = plans.errors()

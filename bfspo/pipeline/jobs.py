@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bfspo.pipeline import slurm
 from bfspo.pipeline.matrix import ZERO_SHOT, Matrix, data_parallel_ranks
+from bfspo.toy import numerics
 
 STAGES = ("train", "eval")
 # The Slurm profile (`snakemake --profile slurm`): its `retries` bound the attempts of a training
@@ -184,6 +185,16 @@ def device(m: Matrix, run: str, stage: str) -> str | None:
     rather than run on the CPU until its time limit: bfspo/device.py); None (the default, `auto`)
     on a CPU class."""
     return "cuda" if gpus(m, run, stage) else None
+
+
+def numerics_prefix(m: Matrix, run: str | None = None) -> str:
+    """The `env ...` prefix of a job's command that pins its CPU numerics (bfspo/toy/numerics.py): on
+    every job of the toy (its data, SFT and hash, with `run` None; the training and evaluation of its
+    model), so that its bytes are the same on every x86-64 CPU with AVX2; "" on any other job."""
+    toy = m.config.get("toy")
+    if toy is None or run is not None and m.config["models"][m.model_of(run)]["path"] != toy["model_dir"]:
+        return ""
+    return numerics.shell_prefix()
 
 
 def train_settings(m: Matrix, run: str) -> dict:

@@ -249,20 +249,33 @@ def write_table(spec: dict, rows: list[Row], out_dir: str | Path,
 # ---- training notes ----------------------------------------------------------------------------
 
 
-def short_batch_notes(runs_dir: str | Path, runs: list[str]) -> list[str]:
-    """One note per training run whose metrics.jsonl logs a short batch (`rollout/batch_full` 0 or false)."""
+def short_batch_notes(runs_dir: str | Path, runs: list[str], share: float = 1.0) -> list[str]:
+    """One note per training run whose metrics.jsonl logs a batch of fewer than `share` of its target
+    chains (`rollout/chains` against `rollout/chains_target`; with share 1, `rollout/batch_full` 0)."""
     notes = []
     for run in runs:
         path = Path(runs_dir) / run / "metrics.jsonl"
         if not path.is_file():
             continue
-        rows = [r for _, r in read_jsonl(path, skipped=[]) if "rollout/batch_full" in r]
-        short = [r for r in rows if not r["rollout/batch_full"]]
+        rows = [r for _, r in read_jsonl(path, skipped=[]) if "rollout/chains" in r]
+        short = [r for r in rows if r["rollout/chains"] < share * r["rollout/chains_target"]]
         if short:
             worst = min(short, key=lambda r: r["rollout/chains"])
             notes.append(f"{run}: {len(short)} of {len(rows)} steps trained on a short batch (fewest: "
                          f"{worst['rollout/chains']:.0f} of {worst['rollout/chains_target']:.0f} chains, step {worst['step']}).")
     return notes
+
+
+def check_chains(runs_dir: str | Path, share: float) -> str:
+    """Issue 36's check of a finished DAG: every run under `runs_dir` trained at least `share` of its
+    target chains at every step. Returns what it checked; a BfspoError names every run that did not."""
+    runs = sorted(p.parent.name for p in Path(runs_dir).glob("*/metrics.jsonl"))
+    if not runs:
+        raise BfspoError(f"{runs_dir}: no training run with a metrics.jsonl")
+    notes = short_batch_notes(runs_dir, runs, share)
+    if notes:
+        raise BfspoError(f"runs whose batch fell below {share:.0%} of its target chains:\n  " + "\n  ".join(notes))
+    return f"{len(runs)} runs under {runs_dir}: every step trained at least {share:.0%} of its target chains."
 
 
 # ---- the consistency report -------------------------------------------------------------------
@@ -306,9 +319,19 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     c = sub.add_parser("consistency", help="paper rows whose printed AES disagrees with its formula")
     c.add_argument("--reported", required=True)
     c.add_argument("--out-dir", required=True)
+    k = sub.add_parser("chains", help="check that every run trained its target chains at every step (exit 1 if not)")
+    k.add_argument("--runs-dir", required=True, help="training run directories (results/runs)")
+    k.add_argument("--share", type=float, default=0.95, help="the least share of the target chains (default 0.95)")
 
 
 def run(args) -> int:
+    if args.action == "chains":
+        try:
+            print(check_chains(args.runs_dir, args.share))
+        except BfspoError as e:
+            print(f"bfspo tables chains: {e}")
+            return 1
+        return 0
     reported = load_reported(args.reported)
     if args.action == "consistency":
         bad = write_consistency(reported, args.out_dir)

@@ -1,9 +1,11 @@
 """SHA-256 of the toy's data and model, and their comparison with a recorded set (issue 24).
 
-The toy's bytes are reproducible bit for bit only where the CPU kernels are the same: the same CPU
-type (torch's CPU capability and MKL's code path follow the instruction set), the same torch build
-and the same SFT thread count (docs/reproducibility.md). A hash file therefore says, in its
-header, what made it, and a mismatch names those of them that differ.
+The toy's bytes are reproducible bit for bit only where the CPU kernels are the same: the same
+kernels (torch's CPU capability, MKL's code path and oneDNN's, which the toy pins for every x86-64
+CPU with AVX2: bfspo/toy/numerics.py), the same torch build and the same SFT thread count
+(docs/reproducibility.md). A hash file therefore says, in its header, what made it: the CPU and
+its vendor, and the numerics the SFT ran under; the comparison says whether the bytes matched
+across CPU vendors, and a mismatch names what differs.
 
 A hash file is `sha256sum`'s format (`sha256sum -c FILE` checks it from the repository root) after
 `# key: value` header lines.
@@ -22,7 +24,8 @@ from bfspo.io import atomic_write_text
 
 UNHASHED = frozenset({"sft.json"})  # the SFT's summary holds its wall time
 # What the model's bytes depend on beyond the code and the data; a mismatch names those that differ.
-KERNEL_KEYS = ("cpu", "cpu_capability", "torch", "sft_threads", "sft_device")
+KERNEL_KEYS = ("cpu", "cpu_capability", "cpu_numerics", "torch", "sft_threads", "sft_device")
+UNKNOWN = "unknown (not in sft.json)"  # a model built before sft.json recorded its CPU numerics
 
 
 def sha256(path: Path) -> str:
@@ -56,21 +59,30 @@ def _commit() -> str:
     return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
-def _cpu_model() -> str:
+def _cpuinfo(field: str) -> str | None:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.split(":", 1)[0].strip() == field:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return None
+
+
+def _cpu_model() -> str:
     import platform
 
-    return platform.processor() or platform.machine()
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id (GenuineIntel, AuthenticAMD, ...), or `unknown`."""
+    return _cpuinfo("vendor_id") or "unknown"
 
 
 def build_info(model_dir: str | Path) -> dict[str, str]:
-    """What made the model: commit, date, CPU type and capability, torch, and the SFT's threads,
-    steps and device (from the model's sft.json)."""
+    """What made the model: commit, date, CPU type and vendor, torch, and from the model's sft.json
+    the CPU capability and numerics the SFT ran under and its threads, steps and device."""
     import torch
 
     sft_path = Path(model_dir) / "sft.json"
@@ -83,7 +95,9 @@ def build_info(model_dir: str | Path) -> dict[str, str]:
         "commit": _commit(),
         "date": datetime.date.today().isoformat(),
         "cpu": _cpu_model(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_vendor": cpu_vendor(),
+        "cpu_capability": str(sft.get("cpu_capability", UNKNOWN)),
+        "cpu_numerics": str(sft.get("cpu_numerics", UNKNOWN)),
         "torch": torch.__version__,
         "sft_threads": str(cfg.get("threads")),
         "sft_steps": str(cfg.get("steps")),
@@ -115,24 +129,43 @@ def read_record(path: str | Path) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def compare(record_path: str | Path, info: dict[str, str], hashes: dict[str, str]) -> tuple[bool, str]:
-    """(whether the built files equal the recorded ones, a message saying so and, if not, why)."""
+    """(whether the built files equal the recorded ones, a message saying so, with the CPU numerics
+    of this build and, where the record's CPU vendor differs from this one's, whether the bytes
+    matched across vendors; and, if they differ, why)."""
+    from bfspo.toy.numerics import PINNED, describe
+
     rec_info, rec_hashes = read_record(record_path)
     paths = rec_hashes.keys() | hashes.keys()
     differ = sorted(p for p in paths if rec_hashes.get(p) != hashes.get(p))
-    made = f"recorded at commit {rec_info.get('commit', '?')} on {rec_info.get('date', '?')}"
+    made = (f"recorded at commit {rec_info.get('commit', '?')} on {rec_info.get('date', '?')} "
+            f"on {rec_info.get('cpu', '?')}")
+    numerics = f"  CPU numerics of this build's SFT: {info.get('cpu_numerics')}"
+    numerics += "." if info.get("cpu_numerics") == rec_info.get("cpu_numerics") else \
+        f" (record: {rec_info.get('cpu_numerics', 'not recorded')})."
+    vendor, rec_vendor = info.get("cpu_vendor"), rec_info.get("cpu_vendor")
+    across = (f"  The record's CPU is a {rec_vendor} one ({rec_info.get('cpu')}), this build's a {vendor} one "
+              f"({info.get('cpu')}): the bytes {{}} across CPU vendors." if rec_vendor and rec_vendor != vendor else "")
     if not differ:
-        return True, (f"toy check: MATCH: the toy data and model equal {record_path} bit for bit "
-                      f"({len(hashes)} files, {made}).")
+        lines = [f"toy check: MATCH: the toy data and model equal {record_path} bit for bit ({len(hashes)} files, {made}).",
+                 numerics] + ([across.format("matched")] if across else [])
+        return True, "\n".join(lines)
     lines = [f"toy check: MISMATCH: {len(differ)} of {len(paths)} files differ from {record_path} ({made}):"]
     lines += [f"  {p}" + ("" if p in hashes else " (not built)") + ("" if p in rec_hashes else " (not recorded)")
               for p in differ]
-    kernels = [k for k in KERNEL_KEYS if rec_info.get(k) != info.get(k)]
+    lines.append(numerics)
     if any(Path(p).suffix != ".jsonl" for p in differ):
-        if kernels:
+        if across:
+            lines.append(across.format("did not match"))
+        kernels = [k for k in KERNEL_KEYS if rec_info.get(k) != info.get(k)]
+        if kernels == ["cpu"] and info.get("cpu_numerics") == describe(PINNED):
+            lines.append(f"  Only the CPU differs ({info.get('cpu')}; record: {rec_info.get('cpu')}), under the same "
+                         "pinned numerics: they did not make these bytes CPU-independent. Report it, with both CPUs.")
+        elif kernels:
             lines.append("  The model's bytes follow the CPU kernels, which differ here: "
-                         + "; ".join(f"{k} {info.get(k)} (record: {rec_info.get(k)})" for k in kernels) + ".")
+                         + "; ".join(f"{k} {info.get(k)} (record: {rec_info.get(k, 'not recorded')})" for k in kernels)
+                         + ".")
         else:
-            lines.append("  CPU type, torch and SFT threads are those of the record: the code, the data or the "
+            lines.append("  CPU, numerics, torch and SFT threads are those of the record: the code, the data or the "
                          "installed packages differ (or the build is not deterministic: report it).")
         lines.append("  The tables will differ from results/recorded/ as well (docs/reproducibility.md).")
     else:

@@ -213,10 +213,17 @@ def build(rows: Sequence[dict], cfg: SFTConfig, out_dir: str | Path, run=None) -
 
 
 def fit_summary(model, cfg: SFTConfig, rows: Sequence[dict], losses: Sequence[float], t0: float) -> dict:
-    """What sft.json records of a fine-tuning: config, device, size, first and last losses, wall time."""
+    """What sft.json records of a fine-tuning: config, device, the CPU kernels it ran on (torch's
+    CPU capability and the settings of bfspo/toy/numerics.py), size, first and last losses, wall time."""
+    import torch
+
+    from bfspo.toy.numerics import describe
+
     return {
         "config": asdict(cfg),
         "device": str(sft_device(cfg.device)),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_numerics": describe(),
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab": model.config.vocab_size,
         "train_rows": len(rows),

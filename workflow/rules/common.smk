@@ -9,9 +9,10 @@ import shlex
 import sys
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 
 from bfspo.errors import BfspoError
-from bfspo.pipeline import gpu_plan, jobs, slurm
+from bfspo.pipeline import chains, gpu_plan, jobs, slurm
 from bfspo.pipeline.matrix import (
     PREPARED_SPLITS,
     TOY_DATA_FILES,
@@ -93,6 +94,11 @@ _UNSET = slurm.unset_line(config, CONFIG_SOURCE)
 if _UNSET:
     atexit.register(lambda: _submitting_dry_run() and print(_UNSET))
 
+# An arm whose whole trees cannot fill its chains per batch or optimizer step is named, not refused.
+_CHAINS = chains.warning(chains.shortfalls(MATRIX))
+if _CHAINS:
+    logger.warning(_CHAINS)
+
 summary = MATRIX.summary
 table_summaries = MATRIX.table_summaries
 table_runs = MATRIX.table_runs
@@ -128,6 +134,11 @@ def logged_in_output_dir(name, log_pattern):
         return os.path.relpath(os.path.join(os.path.dirname(output[0]), name), log_dir)
 
     return link
+
+
+def cpu_numerics(wildcards):
+    """The `env` prefix that pins the CPU numerics of a toy job ("" on a job of another model)."""
+    return jobs.numerics_prefix(MATRIX, getattr(wildcards, "run", None))
 
 
 def slurm_resources(gpus=0):

@@ -1,6 +1,7 @@
 """Evaluation: each trained run on every benchmark its tables show, and each model zero-shot
 (run id <model>_zero-shot, no adapter) once per benchmark, with the job's threads as torch threads.
-`bfspo evaluate` writes summary.json last.
+`bfspo evaluate` writes summary.json last. The toy's model is evaluated under its pinned CPU
+numerics (`cpu_numerics`).
 The log is a link to evaluate.log in the output folder, which every attempt appends to."""
 
 EVAL_LOG = "logs/eval/{run}/{benchmark}.log"
@@ -21,6 +22,7 @@ rule evaluate:
         run=EVAL_RUN_RE,
         benchmark="[^/]+",
     params:
+        numerics=cpu_numerics,
         out_dir=output_dir,
         log_link=logged_in_output_dir("evaluate.log", EVAL_LOG),
         args=eval_args,
@@ -32,4 +34,4 @@ rule evaluate:
         CONDA_ENV
     shell:
         "mkdir -p {params.out_dir:q} && ln -sfn {params.log_link:q} {log:q} && "
-        "bfspo evaluate {params.args} --threads {params.threads:q} --out-dir {params.out_dir:q} >> {log:q} 2>&1"
+        "{params.numerics}bfspo evaluate {params.args} --threads {params.threads:q} --out-dir {params.out_dir:q} >> {log:q} 2>&1"

@@ -1,7 +1,8 @@
 """The embedded toy (issue 6): generate the task, then build and SFT its tiny reasoning model; hash
 both and say whether they equal `toy.record` (issue 24; a mismatch is printed, not a failure); and,
 where `toy.questions` asks for them, other RL and evaluation questions for the same model (harder
-ones, none of them an SFT question)."""
+ones, none of them an SFT question). Every toy job, these and the training and evaluation of the
+toy's model, runs under the pinned CPU numerics of bfspo/toy/numerics.py (`cpu_numerics`)."""
 
 if "toy" in config:
     TOY = config["toy"]
@@ -12,6 +13,7 @@ if "toy" in config:
         log:
             "logs/toy/data.log",
         params:
+            numerics=cpu_numerics,
             out_dir=output_dir,
             seed=TOY["seed"],
             sizes=toy_data_args(TOY),
@@ -20,7 +22,7 @@ if "toy" in config:
         conda:
             CONDA_ENV
         shell:
-            "bfspo toy data --out-dir {params.out_dir:q} --seed {params.seed:q} {params.sizes} > {log:q} 2>&1"
+            "{params.numerics}bfspo toy data --out-dir {params.out_dir:q} --seed {params.seed:q} {params.sizes} > {log:q} 2>&1"
 
     rule toy_model:
         input:
@@ -32,6 +34,7 @@ if "toy" in config:
         benchmark:
             "benchmarks/toy/model.tsv"
         params:
+            numerics=cpu_numerics,
             size=TOY["size"],
             wandb=sft_wandb_args(f"sft-{Path(TOY['model_dir']).parent.name}"),
         # The model's bytes depend on the SFT's thread count, so the SFT sets its own (SFTConfig.threads,
@@ -42,7 +45,7 @@ if "toy" in config:
         conda:
             CONDA_ENV
         shell:
-            "bfspo toy build --train {input:q} --out-dir {output:q} --size {params.size:q} {params.wandb} > {log:q} 2>&1"
+            "{params.numerics}bfspo toy build --train {input:q} --out-dir {output:q} --size {params.size:q} {params.wandb} > {log:q} 2>&1"
 
     rule toy_check:
         input:
@@ -54,6 +57,7 @@ if "toy" in config:
         log:
             "logs/toy/check.log",
         params:
+            numerics=cpu_numerics,
             data_dir=lambda wc, input: os.path.dirname(input.data[0]),
             record=lambda wc, input: f"--record {shlex.quote(input.record)}" if "record" in TOY else "",
         resources:
@@ -61,7 +65,7 @@ if "toy" in config:
         conda:
             CONDA_ENV
         shell:
-            "bfspo toy hash --model-dir {input.model:q} --data-dir {params.data_dir:q} --out {output:q}"
+            "{params.numerics}bfspo toy hash --model-dir {input.model:q} --data-dir {params.data_dir:q} --out {output:q}"
             " {params.record} 2>&1 | tee {log:q}"
 
     if "questions" in TOY:
@@ -74,6 +78,7 @@ if "toy" in config:
             log:
                 "logs/toy/questions.log",
             params:
+                numerics=cpu_numerics,
                 out_dir=output_dir,
                 seed=TOY["questions"].get("seed", TOY["seed"]),
                 knobs=toy_data_args(TOY["questions"]),
@@ -82,6 +87,6 @@ if "toy" in config:
             conda:
                 CONDA_ENV
             shell:
-                "bfspo toy data --out-dir {params.out_dir:q} --seed {params.seed:q} --n-train 1 {params.knobs}"
+                "{params.numerics}bfspo toy data --out-dir {params.out_dir:q} --seed {params.seed:q} --n-train 1 {params.knobs}"
                 " --exclude {input:q} > {log:q} 2>&1"
 

@@ -3,7 +3,8 @@ attempts (checkpoints for resume); only done.json, written last, marks a finishe
 hits its time limit is retried (`retries` in the Slurm profile) and resumes from its checkpoint.
 A size class with several GPUs (or `ranks` on CPU) trains data-parallel under torchrun, across
 `nodes` nodes with srun where it asks for more than one. The job's threads are shared out among
-its ranks as torch threads (`--set threads=`, after the config's settings). The log is a link to
+its ranks as torch threads (`--set threads=`, after the config's settings). A run of the toy's model
+runs under the toy's pinned CPU numerics (`cpu_numerics`, an `env` prefix). The log is a link to
 train.log in the run directory, which every attempt appends to (common.smk: logged_in_output_dir)."""
 
 TRAIN_LOG = "logs/train/{run}.log"
@@ -23,6 +24,7 @@ rule train:
     wildcard_constraints:
         run=RUN_RE,
     params:
+        numerics=cpu_numerics,
         out_dir=output_dir,
         log_link=logged_in_output_dir("train.log", TRAIN_LOG),
         settings=train_args,
@@ -35,5 +37,5 @@ rule train:
         CONDA_ENV
     shell:
         "mkdir -p {params.out_dir:q} && ln -sfn {params.log_link:q} {log:q} && "
-        "{params.launcher} train --output-dir {params.out_dir:q} {params.settings} --set threads={params.rank_threads:q} "
+        "{params.numerics}{params.launcher} train --output-dir {params.out_dir:q} {params.settings} --set threads={params.rank_threads:q} "
         ">> {log:q} 2>&1"
