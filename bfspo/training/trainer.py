@@ -577,6 +577,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.tree_attention == "flex" and device.type != "cuda":
         raise BfspoError(f"tree_attention: flex trains on CUDA only (torch has no flex attention backward pass on "
                          f"{device.type}); set tree_attention: blockwise, or auto")
+    dist.refuse_tensor_parallel(cfg.tensor_parallel_size)
     rank, _ = dist.setup(cfg.collective_timeout_min, device)
     with runlock.hold(run_dir, "train") if rank == 0 else contextlib.nullcontext():
         inputs = run_inputs(cfg) if rank == 0 else {}
