@@ -307,6 +307,9 @@ class Trainer:
                "logprob_gap_max": max(g[1] for g in gaps) if count else float("nan")}
         if rescored is not None:
             out["rescore_s"] = rescored["seconds"]
+            out["rescore_tokens"] = rescored["row_tokens"]  # the forwards' rows, padding included
+            out["rescore_padding"] = (1 - rescored["tokens"] / rescored["row_tokens"] if rescored["row_tokens"]
+                                      else float("nan"))
         return out
 
     # --- the run --------------------------------------------------------------------------------
