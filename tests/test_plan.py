@@ -588,6 +588,15 @@ def test_the_measured_update_follows_a_warm_up_at_its_own_shapes(tmp_path, monke
     monkeypatch.setattr(accumulate, "minibatch_backward", recording)
     args = argparse.Namespace(shape=str(tmp_path), layers=1, tokens=600, prompt=40, answer=60, budget=128, group=4,
                               k=0, checkpointing=True)
-    r = bench_plan_memory.measure(args)
-    assert [h for h, _ in calls] == [64, 128, 128] and calls[1][1] == calls[2][1]
-    assert r["compiles_in_timed_update"] == 0 and r["row_tokens"] > 0
+    records = list(bench_plan_memory.measure(args))  # one per measurement, as made; the last has every field
+    assert [r["stage"] for r in records] == ["model", "warm-up", "update", "peak memory"]
+    assert [h for h, _ in calls] == [64, 128, 128] and calls[1][1] == calls[2][1]  # the tiny warm-up: CPU only
+    r = records[-1]
+    assert r["compiles_in_timed_update"] == 0 and r["row_tokens"] > 0 and r["measured_bytes"] > 0
+    # --one-row (the GPU check's update): whole trees in one micro-batch, padded to one bucket of --tokens
+    calls.clear()
+    buckets = []
+    monkeypatch.setattr(accumulate, "minibatch_backward",
+                        lambda model, trees, **kw: buckets.append(kw["bucket"]) or recording(model, trees, **kw))
+    one = list(bench_plan_memory.measure(argparse.Namespace(**vars(args), one_row=True)))[-1]
+    assert one["bucket"] == 600 and set(buckets) == {600} and one["trees"] == 2 and one["row_tokens"] <= 600
