@@ -4,21 +4,28 @@ A random-weight model with a shipped model's layer shapes (config/models/<hub id
 `--layers` layers, LoRA as the trainer puts it (bfspo/training/trainer.py: r 8 on the seven
 projections, gradient checkpointing as asked), and paper-shaped trees (a `--prompt`-token prompt,
 G = `--group` answers of about `--answer` tokens, K = `--k` expansions) filling one micro-batch of
-at most `--tokens` row tokens. One mini-batch update as the trainer runs it (bfspo.training.accumulate:
-per micro-batch a packed forward, the loss and its backward; then AdamW's step) in the device's dtype
-(float32 on CPU, bfloat16 on CUDA). The timed update follows a warm-up update of the same model on the same trees (nothing compiles
-in it: `compiles_in_timed_update`). Printed: the measured peak of the timed update (CUDA: max
-allocated; CPU: peak RSS, VmHWM, reset before the update), above what
-the process held before the model was built (after a warm-up update of a tiny model of the same
-kind, so that lazily loaded code and the math libraries' workspaces are not counted; on CPU with
-glibc's mmap threshold at 64 KiB, so that freed memory leaves the RSS: see MALLOC_ENV),
-the plan's peak for the same model, dtype and row tokens, term by term, and their ratio; the update's
+at most `--tokens` row tokens (the last tree cut into pieces by the micro-batch planner so that the
+first micro-batch is full; with `--one-row`, whole trees only, in one row padded to one bucket,
+attention_bucket = `--tokens`: the update then runs one row length, one flex compile on CUDA). One
+mini-batch update as the trainer runs it (bfspo.training.accumulate: per micro-batch a packed
+forward, the loss and its backward; then AdamW's step) in the device's dtype (float32 on CPU,
+bfloat16 on CUDA). The timed update follows a warm-up update of the same model on the same trees
+(nothing compiles in it: `compiles_in_timed_update`). Printed: the measured peak of the timed update
+(CUDA: max allocated; CPU: peak RSS, VmHWM, reset before the update), above what the process held
+before the model was built (on CPU after a warm-up update of a tiny model of the same kind, so that
+lazily loaded code and the math libraries' workspaces are not counted, and with glibc's mmap
+threshold at 64 KiB, so that freed memory leaves the RSS: see MALLOC_ENV; on CUDA max allocated
+needs no such warm-up, and the tiny model's head size would cost a flex compile of its own), the
+plan's peak for the same model, dtype and row tokens, term by term, and their ratio; the update's
 trained tokens/s against the plan's 6N (4N without checkpointing) at its MFU on CUDA.
 
     python -m bench.bench_plan_memory --layers 2 --tokens 8192          # CPU, Qwen2.5-3B's layers
-    python -m bench.bench_plan_memory --layers 8 --tokens 32768         # on a GPU, bfloat16
+    python -m bench.bench_plan_memory --layers 36 --tokens 32768 --one-row   # on a GPU, bfloat16
 
-Each measurement runs in a fresh process (`--json` prints one JSON line instead of the table).
+Each measurement runs in a fresh process. `--json` prints one JSON line per measurement as it is
+made (the built model, the warm-up update, the timed update, its peak memory; each has a `stage`),
+the last line holding every field, so that a process killed on the way has printed what it measured
+(bench/gpu_check.py records them as they come).
 """
 
 from __future__ import annotations
@@ -84,8 +91,9 @@ def paper_trees(args, vocab: int) -> list:
                 continue
             wb = tree.split(s, len(seg.token_ids) // 2)
             tree.segments[wb].ends_in_B = True
-            for _ in range(args.group):
-                add(wb, max(1, length() // 2))
+            room = args.budget - tree.segments[wb].end  # an expansion stays within the budget
+            for _ in range(args.group if room > 0 else 0):
+                add(wb, max(1, min(room, length() // 2)))
         assign_rewards(tree, overlong=False)
         assign_advantages(tree, "branch")
         trees.append(tree)
@@ -94,12 +102,29 @@ def paper_trees(args, vocab: int) -> list:
             return trees
 
 
-def measure(args) -> dict:
+def one_row(trees: list, tokens: int) -> list:
+    """`paper_trees`' trees less the last, cut one: whole trees within `tokens` row tokens."""
+    kept, total = [], 0
+    for tree in trees:
+        total += len(tree.prompt_ids) + tree.n_tokens
+        if total > tokens:
+            break
+        kept.append(tree)
+    if not kept:
+        raise SystemExit(f"one tree holds more than --tokens {tokens} row tokens: raise --tokens or lower --group")
+    return kept
+
+
+def measure(args):
+    """The measurements, one dict each as it is made (`stage`: model, warm-up, update, peak memory),
+    the last holding every field."""
     from peft import LoraConfig, get_peft_model
     from torch._dynamo.utils import counters
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from bfspo.algorithm.attention_options import BUCKET_TOKENS, bucket_lengths, padded_length
     from bfspo.algorithm.packing import pack_trees, plan_micro_batches
+    from bfspo.pipeline.memory import matmul_params
     from bfspo.pipeline.shapes import config_path
     from bfspo.training.accumulate import minibatch_backward
 
@@ -107,6 +132,7 @@ def measure(args) -> dict:
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     config = AutoConfig.from_pretrained(config_path(args.shape).parent)
     config.num_hidden_layers = args.layers
+    bucket = args.tokens if getattr(args, "one_row", False) else BUCKET_TOKENS
 
     def trainer_model(cfg):
         """The model as the trainer builds it: gradient checkpointing as asked, LoRA, AdamW."""
@@ -123,28 +149,41 @@ def measure(args) -> dict:
 
     def update(model, optimizer, trees):
         minibatch_backward(model, trees, micro_batch_tokens=args.tokens, normalizer=1000.0, eps_low=0.2,
-                           eps_high=0.28)
+                           eps_high=0.28, bucket=bucket)
         optimizer.step()  # AdamW's moments exist from here on, as in every later update
+        if cuda:
+            torch.cuda.synchronize()
 
-    # A warm-up update of a tiny model of the same kind, so that the code loaded lazily and the math
-    # libraries' workspaces are in the baseline, not in the measurement.
-    tiny = copy.deepcopy(config)
-    for key, value in dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=16, vocab_size=256, num_hidden_layers=1).items():
-        setattr(tiny, key, value)
-    update(*trainer_model(tiny), paper_trees(argparse.Namespace(**{**vars(args), "tokens": 256}), 256))
-    gc.collect()
+    if not cuda:
+        # A warm-up update of a tiny model of the same kind, so that the code loaded lazily and the math
+        # libraries' workspaces are in the RSS baseline, not in the measurement.
+        tiny = copy.deepcopy(config)
+        for key, value in dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=16, vocab_size=256, num_hidden_layers=1).items():
+            setattr(tiny, key, value)
+        update(*trainer_model(tiny), paper_trees(argparse.Namespace(**{**vars(args), "tokens": 256}), 256))
+        gc.collect()
     baseline = torch.cuda.memory_allocated() if cuda else rss_bytes()
 
+    t0 = time.perf_counter()
     model, optimizer = trainer_model(config)
     trees = paper_trees(args, config.vocab_size)
-    # A warm-up update at the measured shapes (the same model and trees), so that the timed one
-    # compiles nothing (flex attention compiles per row length on CUDA) and runs on warm kernels.
-    update(model, optimizer, trees)
+    if getattr(args, "one_row", False):
+        trees = one_row(trees, args.tokens)
     row_tokens = max(pack_trees(trees, pieces=pieces).input_ids.shape[1]
                      for pieces in plan_micro_batches(trees, args.tokens))  # the largest micro-batch
+    out = {"device": torch.cuda.get_device_name() if cuda else "CPU", "dtype": str(dtype).split(".")[1],
+           "shape": args.shape, "layers": args.layers, "trees": len(trees), "row_tokens": row_tokens,
+           "bucket": bucket, "checkpointing": args.checkpointing, "build_s": time.perf_counter() - t0}
+    yield out | {"stage": "model"}
+    # A warm-up update at the measured shapes (the same model and trees), so that the timed one
+    # compiles nothing (flex attention compiles per row length on CUDA) and runs on warm kernels.
+    compiles = counters["stats"]["unique_graphs"]
+    t0 = time.perf_counter()
+    update(model, optimizer, trees)
+    out |= {"warmup_s": time.perf_counter() - t0, "compiles_in_warmup": counters["stats"]["unique_graphs"] - compiles}
+    yield out | {"stage": "warm-up"}
     if cuda:
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     else:
         reset_peak_rss()
@@ -152,30 +191,31 @@ def measure(args) -> dict:
     compiles = counters["stats"]["unique_graphs"]
     t0 = time.perf_counter()
     update(model, optimizer, trees)
-    if cuda:
-        torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    compiles = counters["stats"]["unique_graphs"] - compiles
     measured = (torch.cuda.max_memory_allocated() if cuda else rss_bytes("VmHWM")) - baseline
 
     shape = load_shape(args.shape)
     s = type(shape)(**{**shape.__dict__, "layers": args.layers})
+    # flex pads the row to its bucket on CUDA: the hardware runs (and holds) the padded row; the plan's
+    # rate counts the trained tokens only
+    padded = padded_length(row_tokens, bucket_lengths(args.tokens, bucket)) if cuda else row_tokens
+    plan_s = forward_s(s, row_tokens, 6 if args.checkpointing else 4, ASSUMPTIONS)
+    out |= {"padded_tokens": padded, "seconds": seconds, "tokens_per_s": row_tokens / seconds,
+            "plan_tokens_per_s": row_tokens / plan_s,
+            "tflops": (6 if args.checkpointing else 4) * matmul_params(s) * padded / seconds / 1e12,
+            "plan_tflops": ASSUMPTIONS.train_mfu * ASSUMPTIONS.hardware.flops / 1e12,
+            "compiles_in_timed_update": counters["stats"]["unique_graphs"] - compiles}
+    yield out | {"stage": "update"}
     b = 2 if cuda else 4
     terms = {
         "weights": memory.weights(s, b),
         "LoRA+AdamW": memory.lora_state(memory.lora_params(s, 8, LORA_TARGETS)),
-        f"activations@{row_tokens}": memory.activations(s, row_tokens, b, 8, LORA_TARGETS, args.checkpointing),
-        "logits": memory.update_logits(s, row_tokens, b, 8, LORA_TARGETS, args.checkpointing, HEAD_CHUNK_ROWS),
+        f"activations@{padded}": memory.activations(s, padded, b, 8, LORA_TARGETS, args.checkpointing),
+        "logits": memory.update_logits(s, padded, b, 8, LORA_TARGETS, args.checkpointing, HEAD_CHUNK_ROWS),
     }
-    plan_s = forward_s(s, row_tokens, 6 if args.checkpointing else 4, ASSUMPTIONS)
-    return {"device": torch.cuda.get_device_name() if cuda else "CPU", "dtype": str(dtype).split(".")[1],
-            "shape": args.shape, "layers": args.layers, "trees": len(trees), "row_tokens": row_tokens,
-            "checkpointing": args.checkpointing, "measured_bytes": measured, "baseline_rss_bytes": baseline,
-            "before_update_bytes": before,
-            "plan_terms": terms, "plan_bytes": sum(terms.values()), "seconds": seconds,
-            "tokens_per_s": row_tokens / seconds, "plan_tokens_per_s": row_tokens / plan_s,
-            "compiles_in_timed_update": compiles,
-            "cuda_context_not_counted": CUDA_CONTEXT if cuda else 0}
+    out |= {"measured_bytes": measured, "baseline_rss_bytes": baseline, "before_update_bytes": before,
+            "plan_terms": terms, "plan_bytes": sum(terms.values()), "cuda_context_not_counted": CUDA_CONTEXT if cuda else 0}
+    yield out | {"stage": "peak memory"}
 
 
 # glibc keeps freed heap memory for reuse, so a process's peak RSS overstates its peak of live memory
@@ -199,11 +239,14 @@ def main() -> None:
     p.add_argument("--group", type=int, default=16)
     p.add_argument("--k", type=int, default=0)
     p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
-    p.add_argument("--json", action="store_true", help="print one JSON line")
+    p.add_argument("--one-row", action="store_true",
+                   help="whole trees in one row of one bucket (attention_bucket = --tokens): one row length")
+    p.add_argument("--json", action="store_true", help="print a JSON line per measurement, the last with every field")
     args = p.parse_args()
-    r = measure(args)
+    for r in measure(args):
+        if args.json:
+            print(json.dumps(r), flush=True)
     if args.json:
-        print(json.dumps(r))
         return
     gib = 2**30
     print(f"\n### One micro-batch update against the plan [{r['device']}, {r['dtype']}, torch {torch.__version__}]\n")
@@ -220,8 +263,9 @@ def main() -> None:
     step = sum(v for k, v in r["plan_terms"].items() if k.startswith(("activations", "logits")))
     print(f"| the update alone: measured peak - memory before it, plan activations + logits | "
           f"{(r['measured_bytes'] - r['before_update_bytes']) / gib:.3f} vs {step / gib:.3f} |")
-    print(f"\nupdate: {r['seconds']:.2f} s, {r['tokens_per_s']:.0f} tokens/s (plan at "
-          f"{ASSUMPTIONS.train_mfu:.0%} MFU of an {ASSUMPTIONS.hardware.name}: {r['plan_tokens_per_s']:.0f})")
+    print(f"\nupdate: {r['seconds']:.2f} s, {r['tokens_per_s']:.0f} tokens/s, {r['tflops']:.1f} TFLOP/s (plan at "
+          f"{ASSUMPTIONS.train_mfu:.0%} MFU of an {ASSUMPTIONS.hardware.name}: {r['plan_tokens_per_s']:.0f}, "
+          f"{r['plan_tflops']:.1f})")
 
 
 if __name__ == "__main__":

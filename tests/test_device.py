@@ -86,3 +86,69 @@ def test_evaluate_with_device_cuda_stops_within_seconds(tiny_model_dir, tmp_path
                             "--out-dir", str(out), "--device", "cuda")
     assert_named_cuda_failure(proc, seconds)
     assert not out.exists()
+
+
+def unusable_cuda(monkeypatch, tmp_path, files=("nvidia0", "nvidia1", "nvidiactl")):
+    """A machine whose GPUs are visible (their device files) and whose driver torch finds too old."""
+    for name in files:
+        (tmp_path / name).touch()
+    monkeypatch.setattr(dev, "DEVICE_FILES", tmp_path)
+    monkeypatch.setattr(dev, "_auto_line", [])  # a fresh process: nothing said yet
+
+    def too_old():
+        import warnings
+
+        warnings.warn(TOO_OLD)
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_available", too_old)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def test_auto_says_once_why_it_runs_on_the_cpu_beside_a_visible_gpu(monkeypatch, tmp_path, capsys):
+    """Issue 38: `device: auto` on a node whose GPU torch cannot use prints one line with torch's
+    reason (once per process), instead of training on the CPU without a word."""
+    unusable_cuda(monkeypatch, tmp_path)
+    assert dev.resolve_device("auto").type == dev.resolve_device("auto").type == "cpu"
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("device: auto runs on the CPU, though 2 NVIDIA GPU(s) are visible")
+    assert f"{tmp_path}/nvidia0, {tmp_path}/nvidia1" in lines[0]
+    assert "driver on your system is too old (found version 12040)" in lines[0]  # torch's reason
+
+
+@pytest.mark.parametrize("case", ["no device files", "hidden", "torch without CUDA"])
+def test_auto_is_silent_without_a_visible_gpu_and_names_a_cpu_build(monkeypatch, tmp_path, capsys, case):
+    unusable_cuda(monkeypatch, tmp_path, files=() if case == "no device files" else ("nvidia0",))
+    if case == "hidden":
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    if case == "torch without CUDA":
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setattr(torch.version, "cuda", None)
+    assert dev.resolve_device("auto").type == "cpu"
+    err = capsys.readouterr().err
+    if case == "torch without CUDA":
+        assert "1 NVIDIA GPU(s) are visible" in err and f"torch {torch.__version__} is built without CUDA" in err
+    else:
+        assert err == ""
+
+
+def test_tensor_parallel_is_refused_with_more_than_one_rank(tiny_model_dir, train_data, tmp_path, monkeypatch):
+    """Issue 38: a hand-run torchrun whose ranks would each start a vLLM engine over
+    tensor_parallel_size GPUs stops before anything is written (the workflow refuses it too)."""
+    from bfspo.training import dist
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    dist.refuse_tensor_parallel(2)  # one rank: its engine takes the GPUs
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    dist.refuse_tensor_parallel(1)
+    with pytest.raises(BfspoError, match="tensor_parallel_size=2 with 2 ranks: each rank runs its own vLLM engine"):
+        dist.refuse_tensor_parallel(2)
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "bfspo.cli", "train", "--output-dir", str(out), "--set",
+                           f"model={tiny_model_dir}", f"train_data={train_data}", "tensor_parallel_size=2", "device=cpu"],
+                          env={**ENV, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "tensor_parallel_size=2 with 2 ranks" in proc.stderr, proc.stderr[-2000:]
+    assert not out.exists()

@@ -447,7 +447,7 @@ def test_lora_tail_preemption_and_start_terms():
     assert preempted_share(256, 150_000, 1000) == pytest.approx(1 - 150_000 / 256_000)
     assert preempted_share(256, 300_000, 1000) == 0
     assert recompute_tokens(1000, 0.25, 100, 400) == 1000 * 0.25 * 300
-    assert start_s(a) == 180 and start_s(a, vllm=True, compiles=True) == 180 + 90 + 120
+    assert start_s(a) == 180 and start_s(a, vllm=True, graphs=20) == 180 + 90 + 20 * 30
     assert generation_rounds(0.2, 3.0, 2) == pytest.approx([3.0, 1.2])
 
 
@@ -463,7 +463,7 @@ def test_the_train_plan_adds_the_tail_the_recompute_and_the_start_of_every_attem
     assert lockstep.waves == 4  # K + 1 = 4 waves in the one round that fills the batch, each with its tail
     assert lockstep.step_parts["tail"] == pytest.approx(4 * p.step_parts["tail"])
     assert p.preempted == 0 and p.step_parts["recompute"] == 0  # 256 sequences fit the planned KV cache
-    assert p.start_s == 180 + 90 + 120
+    assert p.graphs == 2 * p.update_buckets + p.rescore_buckets and p.start_s == 180 + 90 + p.graphs * 30
     assert p.gpu_hours == pytest.approx((p.train_s + p.attempts * p.start_s) * 2 / 3600)
     # twice the sequences at once: the KV cache holds about half of them, the rest are recomputed
     more = gpu_plan.plan_matrix(Matrix(paper(lambda c: c["resources"]["8b"]["train"].update(max_num_seqs=512))))
@@ -473,6 +473,47 @@ def test_the_train_plan_adds_the_tail_the_recompute_and_the_start_of_every_attem
     plans = gpu_plan.plan_matrix(m)
     zero, trained = plans.eval[("llama3.1-8b_zero-shot", "math500")], plans.eval[(run, "math500")]
     assert zero.decode_tok_s == pytest.approx(trained.decode_tok_s * 1.35)
+
+
+def test_the_bucket_lengths_that_packed_rows_meet():
+    """Issue 38, hand-worked: rows of one call, rows filled to within a unit of the budget and the
+    last row's spread, a spread that wraps past a multiple of the budget, and one that spans it."""
+    from bfspo.pipeline.throughput import buckets_met, row_length_ranges
+
+    T, step = 32768, 2048
+    one = row_length_ranges(1, 1400, 100, T)  # a group of 1,400 tokens alone: 1,100-1,700, one bucket
+    assert one == [(1100, 1700)] and buckets_met(one, T, step) == 1
+    assert buckets_met([(1900, 2300)], T, step) == 2  # 2,048 and 4,096
+    # 32 trees of 3,310 tokens (105,920, spread 1,650): full rows in (29,458, 32,768] meet 30,720 and
+    # 32,768; the last row spreads over 105,920 +- 4,950 mod 32,768 = 2,666 ... 12,566: 4,096 ... 14,336
+    rows = row_length_ranges(32, 3310, 1650, T)
+    assert rows == [(T - 3310, T), (pytest.approx(2666), pytest.approx(12566))]
+    assert buckets_met(rows, T, step) == 2 + 6
+    # 32,000 +- 1,500 wraps: a last row of 30,500 ... 32,768, or 1 ... 732 past the first full row
+    wrapped = row_length_ranges(2, 16000, 500, T)
+    assert wrapped == [(16768, T), (1, pytest.approx(732)), (30500, T)]
+    assert buckets_met(wrapped, T, step) == 8 + 1  # 18,432 ... 32,768, and 2,048
+    assert buckets_met(row_length_ranges(40, 3000, 6000, T), T, step) == 16  # the spread spans every length
+
+
+def test_the_plan_counts_the_rescorings_rows_and_the_compiles():
+    """Issue 38: the rescoring runs every group's context (an expansion's prompt and prefix) with its
+    samples, packed into rows padded half a bucket each by the flex kernel; compiles are counted per
+    bucket length met. Blockwise attention compiles nothing and pads nothing; the transformers engine
+    has no rescoring."""
+    run = "qwen2.5-3b_gsm8k_bfspo_s0"
+    p = gpu_plan.plan_matrix(Matrix(paper())).train[run]
+    assert p.generated_tokens < p.rescored_tokens < 1.5 * p.generated_tokens  # contexts and padding
+    assert p.update_buckets >= 2 and p.rescore_buckets >= 1 and p.graphs == 2 * p.update_buckets + p.rescore_buckets
+    blockwise = gpu_plan.plan_matrix(Matrix(paper(lambda c: c["train"].update(tree_attention="blockwise")))).train[run]
+    assert blockwise.graphs == 0 and blockwise.start_s == 180 + 90
+    assert blockwise.rescored_tokens < p.rescored_tokens and blockwise.step_parts["rescore"] < p.step_parts["rescore"]
+    hf = gpu_plan.plan_matrix(Matrix(paper(lambda c: c["train"].update(engine="transformers")))).train[run]
+    assert hf.rescored_tokens == 0 and hf.step_parts["rescore"] == 0 and hf.rescore_buckets == 0
+    assert hf.graphs == 2 * hf.update_buckets
+    # one bucket per row (attention_bucket = micro_batch_tokens): one length for each
+    one = gpu_plan.plan_matrix(Matrix(paper(lambda c: c["train"].update(attention_bucket=32768)))).train[run]
+    assert one.update_buckets == one.rescore_buckets == 1 and one.graphs == 3
 
 
 def test_a_frozen_projection_saves_no_input_for_the_backward():
@@ -593,6 +634,15 @@ def test_the_measured_update_follows_a_warm_up_at_its_own_shapes(tmp_path, monke
     monkeypatch.setattr(accumulate, "minibatch_backward", recording)
     args = argparse.Namespace(shape=str(tmp_path), layers=1, tokens=600, prompt=40, answer=60, budget=128, group=4,
                               k=0, checkpointing=True)
-    r = bench_plan_memory.measure(args)
-    assert [h for h, _ in calls] == [64, 128, 128] and calls[1][1] == calls[2][1]
-    assert r["compiles_in_timed_update"] == 0 and r["row_tokens"] > 0
+    records = list(bench_plan_memory.measure(args))  # one per measurement, as made; the last has every field
+    assert [r["stage"] for r in records] == ["model", "warm-up", "update", "peak memory"]
+    assert [h for h, _ in calls] == [64, 128, 128] and calls[1][1] == calls[2][1]  # the tiny warm-up: CPU only
+    r = records[-1]
+    assert r["compiles_in_timed_update"] == 0 and r["row_tokens"] > 0 and r["measured_bytes"] > 0
+    # --one-row (the GPU check's update): whole trees in one micro-batch, padded to one bucket of --tokens
+    calls.clear()
+    buckets = []
+    monkeypatch.setattr(accumulate, "minibatch_backward",
+                        lambda model, trees, **kw: buckets.append(kw["bucket"]) or recording(model, trees, **kw))
+    one = list(bench_plan_memory.measure(argparse.Namespace(**vars(args), one_row=True)))[-1]
+    assert one["bucket"] == 600 and set(buckets) == {600} and one["trees"] == 2 and one["row_tokens"] <= 600

@@ -2,12 +2,14 @@
 engine like vLLM does not return, in micro-batches, in eval mode, and measures the engine's gap;
 make_engine wraps vLLM in it for training only."""
 
+import copy
 import math
 
 import pytest
 import torch
 
-from bfspo.rollout import make_engine
+from bfspo.algorithm.attention_options import BUCKET_TOKENS, bucket_lengths
+from bfspo.rollout import make_engine, rescore
 from bfspo.rollout.base import Completion
 from bfspo.rollout.hf_engine import TransformersEngine
 from bfspo.model_io import load_model
@@ -70,7 +72,9 @@ def test_rescored_values_match_the_engine(policy, budget):
     assert stats["gap_count"] == sum(len(c.token_ids) for comps in reference for c in comps)
     assert stats["gap_sum"] / stats["gap_count"] == pytest.approx(OFFSET, abs=1e-5)
     assert stats["gap_max"] == pytest.approx(OFFSET, abs=1e-5) and stats["seconds"] > 0
-    assert rescoring.pop_stats() == {"gap_sum": 0.0, "gap_max": 0.0, "gap_count": 0, "seconds": 0.0}
+    assert (stats["rows"] == 1) == (budget == 10_000) and stats["row_tokens"] == stats["tokens"]  # shared; no flex
+    assert rescoring.pop_stats() == {"gap_sum": 0.0, "gap_max": 0.0, "gap_count": 0, "seconds": 0.0, "rows": 0,
+                                     "tokens": 0, "row_tokens": 0}
 
 
 class FakeVLLM:
@@ -91,3 +95,68 @@ def test_make_engine_rescores_vllm_for_training_only(policy, monkeypatch):
     assert isinstance(make_engine("transformers", model, tok, micro_batch_tokens=4096), TransformersEngine)
     with pytest.raises(ValueError, match="micro_batch_tokens"):
         make_engine("vllm", model, tok)
+
+
+def _rescored(model, tok, contexts, groups, budget, together, step=None):
+    """Copies of `groups` rescored by a fresh RescoredEngine: all contexts in one call (shared rows) or
+    one call per context (a row each, as before issue 38); its stats."""
+    rescoring = RescoredEngine(None, model, micro_batch_tokens=budget, attention="blockwise",
+                               bucket=step or BUCKET_TOKENS)
+    groups = copy.deepcopy(groups)
+    if together:
+        rescoring.rescore(contexts, groups)
+    else:
+        for context, group in zip(contexts, groups):
+            rescoring.rescore([context], [group])
+    return groups, rescoring.pop_stats()
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["rows as they are", "rows padded to buckets"])
+def test_packed_rescoring_equals_one_row_per_context(policy, monkeypatch, padded):
+    """Issue 38: contexts share rows (first fit, as the update's trees), and each context's log-probs
+    and entropies equal those of a row of its own to 1e-5; padded to bucket lengths (as the flex
+    kernel's rows are; here with the blockwise kernel, whose numbers padding does not change), the
+    shared rows hold at most one bucket of padding each, where a row per context held one per context."""
+    model, tok = policy
+    model.eval()
+    engine = TopKOnly(TransformersEngine(model, tok))
+    texts = ["Tom has 3 apples.", "A shop sells 12 pens a day for 5 days.", "What is 7 times 8?", "Add 2 and 2.",
+             "A train leaves at noon and"]
+    contexts = [tok(t)["input_ids"] for t in texts]
+    groups = engine.generate(contexts, 3, 12, seed=3)
+    step = 16
+    if padded:
+        monkeypatch.setattr(rescore, "row_buckets", lambda attention, device, max_tokens, bucket:
+                            bucket_lengths(max_tokens, bucket))
+    packed, shared = _rescored(model, tok, contexts, groups, 160, together=True, step=step)
+    alone, own = _rescored(model, tok, contexts, groups, 160, together=False, step=step)
+    for new_group, ref_group in zip(packed, alone):
+        for new, ref in zip(new_group, ref_group):
+            assert new.token_ids == ref.token_ids
+            torch.testing.assert_close(torch.tensor(new.logprobs), torch.tensor(ref.logprobs), atol=1e-5, rtol=0)
+            torch.testing.assert_close(torch.tensor(new.entropies[1:]), torch.tensor(ref.entropies[1:]), atol=1e-5,
+                                       rtol=0)
+    assert own["rows"] == len(contexts) and shared["rows"] < len(contexts)  # rows shared
+    assert shared["tokens"] == own["tokens"] and shared["gap_count"] == own["gap_count"]
+    if padded:
+        assert 0 <= shared["row_tokens"] - shared["tokens"] < shared["rows"] * step
+        assert own["row_tokens"] - own["tokens"] > shared["row_tokens"] - shared["tokens"]
+    else:
+        assert shared["row_tokens"] == shared["tokens"]
+
+
+def test_a_compiler_failure_in_the_rescoring_names_the_way_out(policy, monkeypatch):
+    """flex_errors guards the rescoring's forwards as it guards the update's (issue 38)."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    from bfspo.errors import BfspoError
+
+    model, tok = policy
+
+    def failing(*args, **kwargs):
+        raise TorchDynamoException("ptxas fatal: unsupported GPU")
+
+    monkeypatch.setattr(rescore, "packed_logprobs", failing)
+    group = [Completion([5, 6, 7], [-1.0] * 3, [math.nan] * 3, True)]
+    with pytest.raises(BfspoError, match="tree_attention: blockwise"):
+        RescoredEngine(None, model, micro_batch_tokens=64).rescore([[3, 4]], [group])

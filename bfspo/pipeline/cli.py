@@ -57,8 +57,11 @@ def assumptions_text() -> str:
         f"generation round, one per evaluation batch) ends with a tail of (budget - mean answer) decode steps at "
         f"half its concurrency; vLLM preempts and recomputes, half-way, the share of max_num_seqs whose KV does "
         f"not fit",
-        f"  {a.job_start_s:.0f} s to start a job, + {a.engine_start_s:.0f} s for vLLM's engine, + {a.compile_s:.0f} s "
-        f"of flex attention compiles per training attempt; {a.step_overhead_s:.0f} s per step; checkpoints written at "
+        f"  {a.job_start_s:.0f} s to start a job, + {a.engine_start_s:.0f} s for vLLM's engine, + {a.compile_graph_s:.0f} s "
+        f"per flex attention graph a training attempt compiles (a forward and a backward per bucket length the "
+        f"update's rows meet, a forward per the rescoring's; answers' lengths spread {a.answer_cv:.0%}); the "
+        f"rescoring's groups share rows, each padded half a bucket; {a.step_overhead_s:.0f} s per step; "
+        f"checkpoints written at "
         f"{CHECKPOINT_BYTES_S / 1e6:.0f} MB/s; time limits and warning = plan x {SAFETY}",
         f"  CUDA context {g(CUDA_CONTEXT)} GiB per process; a sleeping vLLM keeps {g(VLLM_ASLEEP)} GiB; the head "
         f"runs {HEAD_CHUNK_ROWS} rows at a time",

@@ -29,11 +29,11 @@ from bfspo.pipeline import jobs, memory
 from bfspo.pipeline.matrix import Matrix
 from bfspo.pipeline.memory import GIB
 from bfspo.pipeline.shapes import Shape, load_shape
-from bfspo.rollout.streamed import resolve_rollout
-from bfspo.pipeline.throughput import (ASSUMPTIONS, Assumptions, chain_tokens_factor, decode_tokens_per_s,
-                                       expanded_share, generated_chain_tokens, signal_rate,
-                                       forward_s, generation_rounds, preempted_share, recompute_tokens, start_s,
-                                       wave_tail_s)
+from bfspo.rollout.streamed import PENDING_SHARE, resolve_rollout
+from bfspo.pipeline.throughput import (ASSUMPTIONS, Assumptions, buckets_met, chain_tokens_factor, compiled_graphs,
+                                       decode_tokens_per_s, expanded_share, generated_chain_tokens, signal_rate,
+                                       forward_s, generation_rounds, preempted_share, recompute_tokens,
+                                       rescored_row_tokens, row_length_ranges, start_s, wave_tail_s)
 
 SAFETY = 1.5  # time limits and the warning ask for the planned time x 1.5
 CHECKPOINT_BYTES_S = 200e6  # writing (and hashing) a checkpoint on a shared file system
@@ -104,6 +104,10 @@ class TrainPlan:
     attempts: int
     preempted: float  # share of the generated sequences vLLM preempts and recomputes
     waves: int  # engine calls per step (each with its tail)
+    rescored_tokens: float  # per step, all ranks: the rescoring's row tokens, contexts and padding included
+    update_buckets: int  # bucket lengths the update's rows meet in an attempt (flex: forward + backward each)
+    rescore_buckets: int  # bucket lengths the rescoring's rows meet in an attempt (flex: a forward each)
+    graphs: int  # flex graphs compiled per attempt (0 without the compiled kernel)
     start_s: float  # seconds to start each attempt (model, vLLM's engine, flex attention's compiles)
     train_s: float  # seconds of all steps and their checkpoints, over all attempts
 
@@ -226,19 +230,47 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
     generated_per_tree = answer * generated_chain_tokens(cfg.group_size, cfg.k, expanded, a)
     generated = trees_generated * generated_per_tree
     trained = trees_trained * (prompt_mean + tree_tokens)
-    rescored = trees_generated * (prompt_mean + generated_per_tree)
+    streamed = resolve_rollout(cfg.rollout, cfg.engine) == "streamed"
     concurrency = max_num_seqs
     preempted = 0.0
     if vllm and vllm_kv > 0:
         kv_tokens = vllm_kv / memory.kv_cache_per_token(s, b)
         concurrency = min(max_num_seqs, kv_tokens / (prompt_mean + answer))
         preempted = preempted_share(max_num_seqs, kv_tokens, prompt_mean + answer)
-    context = prompt_mean + answer / 2
-    decode_tps = decode_tokens_per_s(s, max(concurrency, 1), context, a, b, lora=True)
     # engine calls per step, each ending with its tail: K + 1 lockstep waves per generation round, or
     # one engine loop that trees and questions join as others finish (streamed), drained once
-    waves = 1 if resolve_rollout(cfg.rollout, cfg.engine) == "streamed" else len(round_shares) * (cfg.k + 1)
+    waves = 1 if streamed else len(round_shares) * (cfg.k + 1)
+    context = prompt_mean + answer / 2
+    decoding = concurrency * (1 - PENDING_SHARE / 2) if vllm and streamed else concurrency  # groups waiting
+    decode_tps = decode_tokens_per_s(s, max(decoding, 1), context, a, b, lora=True)
     sequences = generated_chains / world
+
+    # the rescoring (vLLM): one tree per group, its context once (a line-2 group's prompt, an
+    # expansion's prompt and prefix), groups packed into rows of T, each padded to its bucket
+    flex = cfg.tree_attention in ("auto", "flex")  # the compiled kernel, on CUDA
+    step = cfg.attention_bucket
+    groups = trees_generated * (1 + expanded * cfg.k)
+    contexts = trees_generated * (prompt_mean * (1 + expanded * cfg.k)
+                                  + expanded * cfg.k * (1 - a.expansion_share) * answer)
+    group_row = (contexts + generated) / groups
+    group_answers = generated / groups / answer
+    per_call = (max(1.0, PENDING_SHARE * concurrency / cfg.group_size) if streamed
+                else groups / world / waves)  # groups rescored together
+    calls = groups / world / per_call
+    rows = calls * math.ceil(per_call * group_row / T) + (concurrency / (2 * cfg.group_size) if streamed else 0)
+    rescored = rescored_row_tokens(contexts + generated, rows * world, step, flex) if vllm else 0.0
+
+    def spread(answers: float) -> float:
+        return a.answer_cv * answer * math.sqrt(answers)
+
+    trees_per_minibatch = cfg.mini_batch_chains / chains_per_tree / world
+    update_buckets = buckets_met(row_length_ranges(trees_per_minibatch, prompt_mean + tree_tokens,
+                                                   spread(trees_per_minibatch * tree_tokens / answer), T), T, step)
+    rescore_ranges = row_length_ranges(per_call, group_row, spread(per_call * group_answers), T)
+    if streamed:  # the drain's rows: one group each
+        rescore_ranges += row_length_ranges(1, group_row, spread(group_answers), T)
+    rescore_buckets = buckets_met(rescore_ranges, T, step) if vllm else 0
+    graphs = compiled_graphs(update_buckets, rescore_buckets) if flex else 0
     parts = {"decode": generated / world / decode_tps,
              "tail": waves * wave_tail_s(s, cfg.budget, answer, max(concurrency, 1), context, a, b, lora=True),
              "prefill": forward_s(s, trees_generated * prompt_mean / world, 2, a),  # once per question
@@ -247,7 +279,7 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
              "update": forward_s(s, trained / world, 6 if cfg.gradient_checkpointing else 4, a),
              "overhead": a.step_overhead_s}
     step_s = sum(parts.values())
-    start = start_s(a, vllm=vllm, compiles=True)
+    start = start_s(a, vllm=vllm, graphs=graphs)
     ckpt_bytes = n_lora * (memory.LORA_DTYPE_BYTES + 8) + (1 << 20)  # adapter, AdamW moments, state
     ckpt_s = ckpt_bytes / CHECKPOINT_BYTES_S + 1
     save_every = max(1, math.ceil(ckpt_s / (CHECKPOINT_SHARE * step_s)))
@@ -267,8 +299,8 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
         gpu_hours=gpu_hours, decode_tok_s=decode_tps, concurrency=concurrency, signal=keep,
         generated_chains=generated_chains, generated_tokens=generated,
         trained_tokens=trained, checkpoint_bytes=ckpt_bytes, save_every=save_every, runtime_min=runtime_min,
-        signal_s=signal_s, attempts=attempts, preempted=preempted, waves=waves, start_s=start,
-        train_s=total_s)
+        signal_s=signal_s, attempts=attempts, preempted=preempted, waves=waves, rescored_tokens=rescored,
+        update_buckets=update_buckets, rescore_buckets=rescore_buckets, graphs=graphs, start_s=start, train_s=total_s)
 
 
 def largest_micro_batch(m: Matrix, run: str, resident: bool, share: float = 0.9, a: Assumptions = ASSUMPTIONS,

@@ -56,8 +56,32 @@ estimate until bench/gpu_check.py or a real run measures it):
   preempted and recomputed (vLLM's recompute preemption): each planned once, half-way, its
   context prefilled again at the training MFU (`preempted_share`, `recompute_tokens`).
 - Start-up beyond the 3 minutes: vLLM's engine start (memory profiling, torch.compile, CUDA graph
-  capture), 90 s, in every job that runs vLLM; flex attention's compiles (a few row lengths, the
-  update's and the rescoring's graphs), 120 s, in every training job, on every attempt.
+  capture), 90 s, in every job that runs vLLM; flex attention's compiles in every training job, on
+  every attempt (below).
+
+Issue 38's terms (each an estimate until the GPU check or a run measures it):
+
+- The rescoring's rows (vLLM's samples, rescored on the training side: bfspo.rollout.rescore). Each
+  group (a context and its G samples) is a tree of its own, its context computed once: a line-2
+  group holds the prompt, an expansion's the prompt and the prefix it continues (1 - beta of a
+  chain), then the G samples. Groups share rows (at most micro_batch_tokens tokens) and the flex
+  kernel pads each row to its bucket length: half a bucket per row on average (`rescored_row_tokens`).
+  A lockstep call packs its wave's groups; a streamed rollout packs the groups that wait together
+  (bfspo.rollout.streamed: up to PENDING_SHARE of the engine's sequences), and as the engine
+  drains (under half its capacity) about one group per row. Waiting groups hold back half of
+  PENDING_SHARE of the engine's sequences on average: the streamed decode runs at that much lower
+  concurrency.
+- Flex attention's compiles: one graph per bucket length and autograd mode, so a training attempt
+  compiles 2 graphs (forward, backward) per bucket length its update's rows meet and 1 (forward)
+  per bucket length its rescoring's rows meet, `compile_graph_s` each (30 s: issue 38 estimated
+  30-90 s for a forward and backward pair on an H100; part 1 of the GPU check times both).
+  Which lengths rows meet (`row_length_ranges`, `buckets_met`): rows filled to within one packed
+  unit (a tree, a group) of micro_batch_tokens, and the last row of each packing call, whose length
+  is what the call's total leaves over, spread over +-3 standard deviations of that total across
+  the attempt's hundreds of calls. An answer's length has a standard deviation of `answer_cv` of
+  its mean (0.3: answers from about half to one and a half times the mean, as the benchmarks' trees
+  of bench/bench_plan_memory.py), independently, so a total of n answers spreads by
+  answer_cv x mean answer x sqrt(n).
 """
 
 from __future__ import annotations
@@ -66,6 +90,7 @@ import math
 from dataclasses import dataclass
 
 from bfspo.algorithm.advantages import FILTERS
+from bfspo.algorithm.attention_options import bucket_lengths
 from bfspo.errors import BfspoError
 from bfspo.pipeline.memory import kv_cache_per_token, matmul_params
 from bfspo.pipeline.shapes import Shape
@@ -95,7 +120,8 @@ class Assumptions:
     expansion_share: float = 0.5  # tokens an expansion generates, as a share of a whole chain
     job_start_s: float = 180.0
     engine_start_s: float = 90.0  # vLLM: profiling, torch.compile, CUDA graph capture (every vLLM job)
-    compile_s: float = 120.0  # flex attention's compiles (every training job, every attempt)
+    compile_graph_s: float = 30.0  # one compiled flex graph: a bucket length's forward, or its backward
+    answer_cv: float = 0.3  # an answer's length: standard deviation / mean (which bucket lengths rows meet)
     step_overhead_s: float = 30.0
     lora_decode_overhead: float = 0.35  # decode time added by vLLM's LoRA kernels (20-50% at high batch)
     # mean answer length / budget, per benchmark (the train sets: as their benchmark)
@@ -168,9 +194,51 @@ def recompute_tokens(sequences: float, share: float, prompt: float, answer: floa
     return sequences * share * (prompt + answer / 2)
 
 
-def start_s(a: Assumptions = ASSUMPTIONS, vllm: bool = False, compiles: bool = False) -> float:
-    """Seconds to start one job attempt: the model and trainer, vLLM's engine, flex attention's compiles."""
-    return a.job_start_s + (a.engine_start_s if vllm else 0.0) + (a.compile_s if compiles else 0.0)
+def start_s(a: Assumptions = ASSUMPTIONS, vllm: bool = False, graphs: int = 0) -> float:
+    """Seconds to start one job attempt: the model and trainer, vLLM's engine, and `graphs` compiled
+    flex attention graphs (`compiled_graphs`)."""
+    return a.job_start_s + (a.engine_start_s if vllm else 0.0) + graphs * a.compile_graph_s
+
+
+def row_length_ranges(units: float, unit_tokens: float, spread: float, max_tokens: int) -> list[tuple[float, float]]:
+    """The (low, high) row lengths that packing calls of `units` units (trees or groups) of
+    `unit_tokens` row tokens each, their total spread by `spread` tokens (one standard deviation),
+    give over many calls, first fit into rows of at most `max_tokens`: one row of the total +-3
+    spreads if that fits, else rows filled to within one unit of max_tokens and a last row of
+    what the total leaves over (every length, if the total's range spans max_tokens)."""
+    total = units * unit_tokens
+    lo, hi = max(1.0, total - 3 * spread), total + 3 * spread
+    if hi <= max_tokens:
+        return [(lo, hi)]
+    full = (max(1.0, max_tokens - unit_tokens), float(max_tokens))
+    if hi - lo >= max_tokens:
+        return [full, (1.0, float(max_tokens))]
+    first, last = lo % max_tokens or max_tokens, hi % max_tokens or max_tokens
+    if first <= last:
+        return [full, (first, last)]
+    return [full, (1.0, last), (first, float(max_tokens))]
+
+
+def buckets_met(ranges: list[tuple[float, float]], max_tokens: int, step: int) -> int:
+    """How many of the bucket lengths (bfspo.algorithm.attention_options.bucket_lengths) rows of
+    these lengths are padded to: a bucket L meets a range when some length in (previous bucket, L]
+    lies in it."""
+    lengths = bucket_lengths(max_tokens, step)
+    met = {length for i, length in enumerate(lengths) for lo, hi in ranges
+           if lo <= length and hi > (lengths[i - 1] if i else 0)}
+    return len(met)
+
+
+def compiled_graphs(update_buckets: int, rescore_buckets: int) -> int:
+    """Flex graphs one training attempt compiles: a forward and a backward per bucket length of the
+    update, a forward (no gradients) per bucket length of the rescoring."""
+    return 2 * update_buckets + rescore_buckets
+
+
+def rescored_row_tokens(tokens: float, rows: float, bucket: int, padded: bool) -> float:
+    """Tokens the rescoring's forwards run: its rows' `tokens`, plus half a bucket of padding per row
+    where the flex kernel pads them (at most one bucket per row)."""
+    return tokens + (rows * bucket / 2 if padded else 0.0)
 
 
 def forward_s(s: Shape, tokens: float, flops_per_param: int, a: Assumptions = ASSUMPTIONS) -> float:

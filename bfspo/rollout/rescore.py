@@ -3,18 +3,23 @@
 Backtracking (Eq. 6-7) needs the entropy of the FULL next-token distribution after every token,
 which vLLM does not return, and the PPO ratio of Eq. 10 needs log pi_old as the trainer computes
 it (docs/algorithm.md, "Old log-probs"). `RescoredEngine` wraps such an engine: after each
-`generate` (or, for a streamed rollout, as each context's samples finish: `rescore`) it runs
-no-grad, tree-packed forwards of the training model (eval mode: no dropout; its own dtype) over
-each context and its n continuations (the context is computed once, bfspo.algorithm.packing),
-one context at a time (a micro-batch's other rows would change the last bits of its numbers), in
-micro-batches of at most `micro_batch_tokens` row tokens, through the update's tree attention (and,
-for flex, its bucket lengths), and replaces the log-probs and entropies with the training model's values. These are the old
-log-probs the update uses: one training-side forward gives both, and no pass recomputes them.
-The first step's entropy (the distribution at the context's end) is left NaN: the search tree
-only keeps the entropy AFTER each generated token (bfspo.algorithm.tree).
+`generate` (or, for a streamed rollout, as groups of samples finish: `rescore`) it runs no-grad,
+tree-packed forwards of the training model (eval mode: no dropout; its own dtype) and replaces the
+log-probs and entropies with the training model's values. These are the old log-probs the update
+uses: one training-side forward gives both, and no pass recomputes them. The first step's entropy
+(the distribution at the context's end) is left NaN: the search tree only keeps the entropy AFTER
+each generated token (bfspo.algorithm.tree).
+
+Rows: each context with its n continuations is one tree (the context computed once), and the
+trees share rows as the update's trees do (bfspo.algorithm.packing.plan_micro_batches: whole trees,
+first fit in order, at most `micro_batch_tokens` row tokens; a longer group is cut into pieces),
+through the update's tree attention. The compiled flex kernel pads each row to its bucket length,
+so the padding is at most one bucket per row, not one per context (issue 38). A context's numbers
+then depend on its row's other contexts in their last bits only (float rounding of other shapes:
+tests/test_rescore.py compares with one row per context to 1e-5).
 
 It keeps, until `pop_stats`, the gap |engine log-prob - trainer log-prob| over the rescored
-tokens and the seconds spent rescoring.
+tokens, the seconds spent rescoring, and the rows' tokens with and without their padding.
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ import time
 
 import numpy as np
 
-from bfspo.algorithm.attention_options import BUCKET_TOKENS
+from bfspo.algorithm.attention_options import BUCKET_TOKENS, padded_length
 from bfspo.algorithm.packing import pack_trees, packed_logprobs, plan_micro_batches, row_buckets
 from bfspo.algorithm.tree import SearchTree
+from bfspo.algorithm.tree_attention import flex_errors
 from bfspo.rollout.hf_engine import rollout_mode
 
 NAN = float("nan")
@@ -42,11 +48,14 @@ class RescoredEngine:
 
     @staticmethod
     def _empty_stats() -> dict:
-        return {"gap_sum": 0.0, "gap_max": 0.0, "gap_count": 0, "seconds": 0.0}
+        return {"gap_sum": 0.0, "gap_max": 0.0, "gap_count": 0, "seconds": 0.0, "rows": 0, "tokens": 0,
+                "row_tokens": 0}
 
     def pop_stats(self) -> dict:
         """Since the last call: gap_sum, gap_max and gap_count of |engine - trainer| over the rescored
-        tokens (tokens whose engine log-prob is NaN are left out), and the seconds spent rescoring."""
+        tokens (tokens whose engine log-prob is NaN are left out), the seconds spent rescoring, and
+        the forwards' rows: their count, their tokens (contexts and samples) and their tokens with
+        the padding to their bucket lengths (`row_tokens`)."""
         stats, self._stats = self._stats, self._empty_stats()
         return stats
 
@@ -65,21 +74,24 @@ class RescoredEngine:
 
     def generate(self, contexts, n, max_new_tokens, **kw):
         out = self.engine.generate(contexts, n, max_new_tokens, **kw)
-        for ctx, comps in zip(contexts, out):
-            self.rescore(ctx, comps)
+        self.rescore(contexts, out)
         return out
 
-    def rescore(self, context, completions) -> None:
-        """Give one context's completions the training model's log-probs and entropies, in forwards
-        of their own: no other context shares them, so their numbers do not depend on which
-        contexts were sampled with them (the lockstep and the streamed rollouts give the same)."""
+    def rescore(self, contexts, groups) -> None:
+        """Give each context's completions (`groups[i]` of `contexts[i]`) the training model's log-probs
+        and entropies, the contexts packed into shared rows (the module doc)."""
         t0 = time.perf_counter()
-        real = [c for c in completions if c.token_ids]
-        if real:
-            tree = SearchTree(prompt_ids=list(context), budget=max(len(c.token_ids) for c in real))
-            for c in real:
-                tree.add_completion(None, c.token_ids, c.logprobs, [NAN] * len(c.token_ids), c.finished, 0)
-            self._rescore([tree], [real])
+        trees, reals = [], []
+        for context, completions in zip(contexts, groups, strict=True):
+            real = [c for c in completions if c.token_ids]
+            if real:
+                tree = SearchTree(prompt_ids=list(context), budget=max(len(c.token_ids) for c in real))
+                for c in real:
+                    tree.add_completion(None, c.token_ids, c.logprobs, [NAN] * len(c.token_ids), c.finished, 0)
+                trees.append(tree)
+                reals.append(real)
+        if trees:
+            self._rescore(trees, reals)
         self._stats["seconds"] += time.perf_counter() - t0
 
     def _rescore(self, trees: list[SearchTree], groups: list[list]) -> None:
@@ -87,9 +99,14 @@ class RescoredEngine:
         buckets = row_buckets(self.attention, device, self.micro_batch_tokens, self.bucket)
         logprobs = [np.empty(t.n_tokens) for t in trees]
         entropies = [np.empty(t.n_tokens) for t in trees]
-        with rollout_mode(self.model):
+        # a compiler failure names the way out (`tree_attention: blockwise`), as in the update
+        with rollout_mode(self.model), flex_errors():
             for pieces in plan_micro_batches(trees, self.micro_batch_tokens):
                 packed = pack_trees(trees, pieces=pieces)
+                tokens = packed.n_row_tokens
+                self._stats["rows"] += 1
+                self._stats["tokens"] += tokens
+                self._stats["row_tokens"] += padded_length(tokens, buckets) if buckets else tokens
                 lp, ent = packed_logprobs(self.model, packed.to(device), attention=self.attention, buckets=buckets)
                 lp, ent = lp.cpu().numpy(), ent.cpu().numpy()
                 where, token = packed.tree_index.numpy(), packed.token_index.numpy()

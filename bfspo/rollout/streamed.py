@@ -8,11 +8,17 @@ needs, bfspo.rollout.rescore), the tree takes the same per-tree step the lockste
 (`plant` or `grow`, then `next_expansion`) and its next G requests are added at once. New trees can
 be added while others grow (dynamic sampling, bfspo.training.batching.fill_streamed).
 
+Finished groups wait to be rescored together, in shared rows (padded once per row, not once per
+group): they are rescored once the trees waiting would hold back PENDING_SHARE of the engine's
+sequences (their next G samples each), or once the engine runs under half its capacity (the
+drain, and a tail in which waiting would idle it), so at most that share of the engine waits.
+
 Sample j of tree i's iteration r (0: line 2) is seeded by (seed + r, i, r, j), as the lockstep
-rollout seeds it (`keys`), so with per-request seeds both give the same trees, byte for byte
-(tests/test_vllm_engine.py): a sample depends on its place in its tree, not on its place in a call.
-At temperature 0 a group is one request whose answer is repeated G times, as
-`VLLMEngine.generate` does.
+rollout seeds it (`keys`), so with per-request seeds both give the same samples, backtracking points
+and rewards (tests/test_vllm_engine.py): a sample depends on its place in its tree, not on its place
+in a call. Their log-probs and entropies agree to float rounding: a group shares its rescoring rows
+with other groups in the two rollouts. At temperature 0 a group is one request whose answer is
+repeated G times, as `VLLMEngine.generate` does.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from bfspo.algorithm.tree import SearchTree
 
 # TrainConfig `rollout`: "auto" is streamed on vLLM and lockstep on transformers
 ROLLOUTS = ("auto", "lockstep", "streamed")
+PENDING_SHARE = 1 / 8  # most of the engine's sequences that finished groups hold back while they wait
 
 
 def resolve_rollout(rollout: str, engine: str) -> str:
@@ -63,12 +70,13 @@ class StreamedSearch:
         self.trees: list[SearchTree] = []
         self.scorers: list[Scorer] = []
         self.groups: dict[int, _Group] = {}  # tree -> its outstanding group
+        self.pending: dict[int, _Group] = {}  # tree -> its finished group, waiting to be rescored
         self.requests: dict[str, tuple[int, int]] = {}  # request id -> (tree, child)
 
     @property
     def growing(self) -> int:
-        """Trees with samples outstanding."""
-        return len(self.groups)
+        """Trees not finished: with samples outstanding, or waiting to be rescored."""
+        return len(self.groups) + len(self.pending)
 
     def room(self) -> int:
         """Sequences the engine can start now (its `max_num_seqs` less those in it)."""
@@ -94,21 +102,32 @@ class StreamedSearch:
 
     def step(self) -> list[int]:
         """One engine step; the indices of the trees it finished (K expansions done, or stopped)."""
-        finished = []
         for rid, completion in self.engine.step():
             i, j = self.requests.pop(rid)
             group = self.groups[i]
             group.done[j] = completion
-            if len(group.done) < group.requests:
-                continue
-            del self.groups[i]
-            completions = [replace(group.done[c % group.requests]) for c in range(self.group_size)]
-            self.rescored.rescore(group.context, completions)
+            if len(group.done) == group.requests:
+                self.pending[i] = self.groups.pop(i)
+        capacity = self.engine.occupancy.capacity
+        if self.pending and (self.group_size * len(self.pending) >= PENDING_SHARE * capacity
+                             or 2 * self.engine.in_flight < capacity):
+            return self._advance()
+        return []
+
+    def _advance(self) -> list[int]:
+        """Rescore the waiting groups together, then take each tree's step; the trees that finished."""
+        waiting = {i: self.pending[i] for i in sorted(self.pending)}  # in tree order, whatever their finish order
+        self.pending = {}
+        samples = {i: [replace(group.done[c % group.requests]) for c in range(self.group_size)]
+                   for i, group in waiting.items()}
+        self.rescored.rescore([group.context for group in waiting.values()], list(samples.values()))
+        finished = []
+        for i, group in waiting.items():
             tree, score = self.trees[i], self.scorers[i]
             if group.expansion is None:
-                plant(tree, completions, score, self.k, self.filter)
+                plant(tree, samples[i], score, self.k, self.filter)
             else:
-                grow(tree, group.expansion, completions, score)
+                grow(tree, group.expansion, samples[i], score)
             e = next_expansion(tree, group.iteration + 1, self.k, self.selection)
             if e is None:
                 finished.append(i)
@@ -117,14 +136,16 @@ class StreamedSearch:
         return finished
 
     def abort(self) -> int:
-        """Drop every outstanding request; the trees still growing stay unfinished. Returns the
-        tokens generated for them: their finished groups, the finished samples of their open groups
-        and what the engine had generated of the aborted requests (`VLLMEngine.abort`)."""
+        """Drop every outstanding request and waiting group; the trees still growing stay unfinished.
+        Returns the tokens generated for them: their planted groups, the finished samples of their
+        open and waiting groups, and what the engine had generated of the aborted requests
+        (`VLLMEngine.abort`)."""
         tokens = sum(self.trees[i].n_tokens + sum(len(c.token_ids) for c in g.done.values())
-                     for i, g in self.groups.items())
+                     for i, g in (*self.groups.items(), *self.pending.items()))
         tokens += self.engine.abort(list(self.requests))
         self.requests.clear()
         self.groups.clear()
+        self.pending.clear()
         return tokens
 
 

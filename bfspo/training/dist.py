@@ -21,6 +21,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from bfspo.errors import BfspoError
+
 
 def setup(timeout_min: int, device: torch.device) -> tuple[int, int]:
     """(rank, world size); initialises the process group when launched by torchrun, with a collective
@@ -33,6 +35,18 @@ def setup(timeout_min: int, device: torch.device) -> tuple[int, int]:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend, timeout=timedelta(minutes=timeout_min))
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def refuse_tensor_parallel(tensor_parallel_size: int) -> None:
+    """A BfspoError for vLLM tensor parallelism under more than one rank (torchrun's WORLD_SIZE):
+    every rank runs its own engine, which would take `tensor_parallel_size` GPUs beside the other
+    ranks' (the workflow refuses the same: bfspo.pipeline.matrix, `tensor_parallel`)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if tensor_parallel_size > 1 and world > 1:
+        raise BfspoError(f"tensor_parallel_size={tensor_parallel_size} with {world} ranks: each rank runs its own "
+                         f"vLLM engine, which would take {tensor_parallel_size} GPUs beside the other ranks'. Run one "
+                         f"rank (torchrun --nproc-per-node 1) with tensor_parallel_size={tensor_parallel_size}, or "
+                         "tensor_parallel_size=1 with one rank per GPU")
 
 
 def teardown() -> None:

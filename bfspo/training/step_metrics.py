@@ -69,7 +69,8 @@ SECTIONS = {
     "rollout_tok_s": "timing/rollout_tok_s", "train_tok_s": "timing/train_tok_s", "peak_mem_gb": "timing/peak_mem_gb",
     "val_accuracy": "val-core/accuracy", "val_len_mean": "val-core/len_mean",
     "val_cutoff_frac": "val-core/cutoff_frac", "val_questions": "val-core/questions",
-    "rescore_s": "timing/rescore_s",
+    "rescore_s": "timing/rescore_s", "rescore_tokens": "timing/rescore_tokens",
+    "rescore_padding": "timing/rescore_padding",
 }
 # `train/` statistics every row carries: NaN on a step without an update, no optimizer step skipped
 TRAIN_DEFAULTS = {k: float("nan") for k in ("loss", "grad_norm", "clip_frac", "clip_frac_low", "clip_frac_high",

@@ -314,6 +314,9 @@ class Trainer:
                "logprob_gap_max": max(g[1] for g in gaps) if count else float("nan")}
         if rescored is not None:
             out["rescore_s"] = rescored["seconds"]
+            out["rescore_tokens"] = rescored["row_tokens"]  # the forwards' rows, padding included
+            out["rescore_padding"] = (1 - rescored["tokens"] / rescored["row_tokens"] if rescored["row_tokens"]
+                                      else float("nan"))
         return out
 
     # --- the run --------------------------------------------------------------------------------
@@ -606,6 +609,7 @@ def train(cfg: TrainConfig, run_dir: Path) -> int:
     if cfg.tree_attention == "flex" and device.type != "cuda":
         raise BfspoError(f"tree_attention: flex trains on CUDA only (torch has no flex attention backward pass on "
                          f"{device.type}); set tree_attention: blockwise, or auto")
+    dist.refuse_tensor_parallel(cfg.tensor_parallel_size)
     rank, _ = dist.setup(cfg.collective_timeout_min, device)
     with runlock.hold(run_dir, "train") if rank == 0 else contextlib.nullcontext():
         data, data_print = fingerprint.read_data(cfg.train_data)  # the bytes hashed are the bytes trained on
