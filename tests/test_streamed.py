@@ -45,6 +45,7 @@ class StepEngine:
         for rid in rids:
             self.queued.pop(rid, None)
         self.in_flight -= len(rids)
+        return 0  # tokens of the aborted requests: this engine generates a request's all at its end
 
 
 class Rescoring:
@@ -91,5 +92,5 @@ def test_abort_drops_the_waiting_groups():
         search.add([i, 1], lambda ids: True)
     search.step()
     assert search.pending and search.growing == 20
-    search.abort()
+    assert search.abort() == 2 * 3  # the waiting group's two samples of 3 tokens; the rest had none
     assert search.growing == 0 and engine.in_flight == 0
