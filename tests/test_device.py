@@ -146,9 +146,9 @@ def test_tensor_parallel_is_refused_with_more_than_one_rank(tiny_model_dir, trai
     with pytest.raises(BfspoError, match="tensor_parallel_size=2 with 2 ranks: each rank runs its own vLLM engine"):
         dist.refuse_tensor_parallel(2)
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "bfspo.cli", "train", "--output-dir", str(out), "--set",
-                           f"model={tiny_model_dir}", f"train_data={train_data}", "tensor_parallel_size=2", "device=cpu"],
-                          env={**ENV, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}, capture_output=True,
-                          text=True, timeout=120)
+    proc = process.run([sys.executable, "-m", "bfspo.cli", "train", "--output-dir", str(out), "--set",
+                        f"model={tiny_model_dir}", f"train_data={train_data}", "tensor_parallel_size=2", "device=cpu"],
+                       env={**ENV, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}, capture_output=True,
+                       text=True, timeout=120)
     assert proc.returncode == 2 and "tensor_parallel_size=2 with 2 ranks" in proc.stderr, proc.stderr[-2000:]
     assert not out.exists()

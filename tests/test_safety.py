@@ -32,7 +32,7 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
 # shlex.quote; every other placeholder of a `shell:` is quoted by Snakemake (`:q`).
 ARGUMENT_LISTS = {"params.settings", "params.launcher", "params.args", "params.wandb", "params.reported",
                   "params.tags", "params.data", "params.tables", "params.runs", "params.sizes", "params.knobs",
-                  "params.record"}
+                  "params.record", "params.numerics"}
 
 
 def shell_commands(output: str) -> list[list[str]]:
