@@ -182,12 +182,16 @@ class StreamedFake:
     """A stand-in for bfspo.rollout.streamed.StreamedSearch: tree i finishes after a set number of
     engine steps with a set verdict and size (G leaves unless `sizes` says otherwise) and
     10 (i + 1) tokens; the engine holds `capacity` sequences, and a tree still growing when it is
-    aborted has generated 1 token per engine step it ran."""
+    aborted has generated 1 token per engine step it ran. With `planted`, a tree has its first answers
+    (and its verdict) after that many steps, and is `expanding` from then until it finishes; without,
+    no tree expands (K = 0)."""
 
     group_size = 4
 
-    def __init__(self, capacity: int, durations: list[int], kept: list[bool], sizes: list[int] | None = None):
+    def __init__(self, capacity: int, durations: list[int], kept: list[bool], sizes: list[int] | None = None,
+                 planted: list[int] | None = None):
         self.capacity, self.durations, self.kept, self.sizes = capacity, durations, kept, sizes or [self.group_size]
+        self.planted = planted
         self.trees, self.ends, self.starts, self.steps, self.peak = [], {}, {}, 0, 0
         self.finish_order, self.aborted = [], None
 
@@ -197,6 +201,11 @@ class StreamedFake:
 
     def room(self) -> int:
         return self.capacity - self.group_size * self.growing
+
+    def expanding(self) -> list:
+        if self.planted is None:
+            return []
+        return [self.trees[i] for i in self.ends if self.steps - self.starts[i] >= self.planted[i % len(self.planted)]]
 
     def add(self) -> None:
         i = len(self.trees)
@@ -221,9 +230,10 @@ class StreamedFake:
         return tokens
 
 
-def fill_streamed(search: StreamedFake, target: int = 16, oversample: float = 1.5, max_rounds: int = 4):
+def fill_streamed(search: StreamedFake, target: int = 16, oversample: float = 1.5, max_rounds: int = 4,
+                  chains_per_question: int = StreamedFake.group_size):
     return batching.fill_streamed(search, search.add, lambda t: t.keep, target=target,
-                                  chains_per_question=StreamedFake.group_size, oversample=oversample,
+                                  chains_per_question=chains_per_question, oversample=oversample,
                                   max_rounds=max_rounds)
 
 
@@ -258,13 +268,16 @@ def test_a_streamed_batch_is_taken_in_draw_order_never_by_finish_time():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_a_streamed_batch_does_not_depend_on_the_finish_order(seed):
-    """Trees of 4, 8 and 12 chains, kept or not, finishing after random numbers of engine steps, in
-    engines of several sizes: the batch, the trees generated and the questions consumed are those of
-    the same questions in one lockstep round (`fill`, first round), whatever the timing."""
+    """Trees of 4, 8 and 12 chains, kept or not, finishing after random numbers of engine steps (and
+    known kept at a random step before, in half the cases), in engines of several sizes: the batch,
+    the trees generated and the questions consumed are those of the same questions in one lockstep
+    round (`fill`, first round), whatever the timing and however many questions were started."""
     rng = np.random.default_rng(seed)
     kept, sizes = [bool(k) for k in rng.integers(0, 2, 30)] + [True], [int(c) for c in rng.choice([4, 8, 12], 31)]
-    search = StreamedFake(capacity=int(rng.choice([8, 16, 64])), durations=[int(d) for d in rng.integers(1, 20, 31)],
-                          kept=kept, sizes=sizes)
+    durations = [int(d) for d in rng.integers(1, 20, 31)]
+    planted = [int(rng.integers(1, d + 1)) for d in durations] if seed % 2 else None
+    search = StreamedFake(capacity=int(rng.choice([8, 16, 64])), durations=durations, kept=kept, sizes=sizes,
+                          planted=planted)
     filled = fill_streamed(search, target=24, oversample=3.0, max_rounds=10)
     lockstep = batching.fill(lambda n, r: search.trees[:n] if r == 0 else [], lambda t: t.keep, target=24,
                              chains_per_question=4, oversample=3.0, max_rounds=1)
@@ -273,6 +286,36 @@ def test_a_streamed_batch_does_not_depend_on_the_finish_order(seed):
     assert [t.i for t in batching.select(filled.kept, 24)] == [t.i for t in expected]
     last = expected[-1].i
     assert [t.i for t in filled.generated] == list(range(last + 1))  # the prefix up to the batch's last tree
+
+
+@pytest.mark.parametrize("missing, sure, pending, n", [
+    (64, 0, 0, 12),  # nothing in flight: a lockstep round's ceil(3 * 64 / 16) questions
+    (64, 0, 12, 0),  # a round's questions in flight, none with a verdict yet
+    (64, 0, 8, 4),  # 4 of them filtered out on their first answers: 4 more
+    (64, 2, 6, 0),  # 2 kept bring 32 chains: the 32 left call for 6 questions, 6 are pending
+    (64, 2, 4, 2),
+    (64, 4, 3, 0),  # the kept trees bring the batch: nothing more, however many are pending
+    (64, 5, 0, 0),
+    (16, 0, 0, 3),  # the finished kept trees left 16 chains: ceil(3 * 16 / 16)
+    (0, 0, 0, 0),
+])
+def test_questions_to_add_counts_kept_growing_trees_as_their_chains(missing, sure, pending, n):
+    """paper.yaml's trees (K = 3, G = 4: 16 chains) at oversample 3: a growing tree past the filter counts
+    as 16 chains, one still open as 16 / 3."""
+    assert batching.questions_to_add(missing, sure, pending, chains_per_question=16, oversample=3.0) == n
+
+
+def test_a_streamed_rollout_does_not_add_questions_for_trees_already_kept():
+    """BFS-PO's trees (16 chains) with `filter: first_samples`: a tree filtered on its first answers
+    finishes after 2 engine steps, one that passes grows its expansions for 8 more. One in three passes:
+    a lockstep round's 12 questions bring the 4 trees of the batch. The streamed loop starts those 12
+    and no more: the trees that passed count as their 16 chains, not as questions in flight. Counting
+    them as questions, it would have replaced each of the 8 filtered trees as it finished."""
+    search = StreamedFake(capacity=64, durations=[2, 10, 2], kept=[False, True, False], sizes=[16], planted=[2])
+    filled = fill_streamed(search, target=64, oversample=3.0, max_rounds=10, chains_per_question=16)
+    assert len(search.trees) == 12 == batching.questions_to_ask(64, 16, 3.0)
+    assert [t.i for t in batching.select(filled.kept, 64)] == [1, 4, 7, 10]
+    assert [t.i for t in filled.generated] == list(range(11)) and filled.aborted == 1  # tree 11, filtered
 
 
 def test_streamed_filling_stops_after_max_rounds_worth_of_questions():

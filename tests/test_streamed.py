@@ -94,3 +94,21 @@ def test_abort_drops_the_waiting_groups():
     assert search.pending and search.growing == 20
     assert search.abort() == 2 * 3  # the waiting group's two samples of 3 tokens; the rest had none
     assert search.growing == 0 and engine.in_flight == 0
+
+
+def test_expanding_trees_are_those_past_their_first_answers_waiting_or_not():
+    """`expanding` (fill_streamed counts these trees' verdicts as settled): the trees whose G first
+    answers are planted and whose expansion is outstanding or waiting to be rescored."""
+    durations = {0: 2, 1: 1, 2: 2, 3: 1} | {i: 30 for i in range(4, 20)}
+    engine = StepEngine(64, durations)
+    search = StreamedSearch(Rescoring(engine), group_size=2, k=1, budget=8)
+    for i in range(20):
+        search.add([i, 1, 1], lambda ids: True)
+    search.step()
+    assert search.expanding() == []  # trees 1 and 3 wait with their first answers: not planted yet
+    search.step()
+    assert search.expanding() == search.trees[:4]  # planted, their expansions outstanding
+    search.step()  # trees 1 and 3's expansions finish and wait to be rescored
+    assert sorted(search.pending) == [1, 3] and search.expanding() == search.trees[:4]
+    search.step()
+    assert search.expanding() == []

@@ -78,6 +78,12 @@ class StreamedSearch:
         """Trees not finished: with samples outstanding, or waiting to be rescored."""
         return len(self.groups) + len(self.pending)
 
+    def expanding(self) -> list[SearchTree]:
+        """The trees still growing past Alg. 1 line 2: their G first answers are in, an expansion
+        is outstanding or waiting to be rescored; in tree order."""
+        groups = self.groups | self.pending
+        return [self.trees[i] for i in sorted(groups) if groups[i].expansion is not None]
+
     def room(self) -> int:
         """Sequences the engine can start now (its `max_num_seqs` less those in it)."""
         return self.engine.occupancy.capacity - self.engine.in_flight

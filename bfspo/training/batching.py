@@ -34,6 +34,21 @@ def questions_to_ask(missing: int, chains_per_question: int, oversample: float) 
     return math.ceil(oversample * missing / chains_per_question - 1e-9)
 
 
+def questions_to_add(missing: int, sure: int, pending: int, chains_per_question: int, oversample: float) -> int:
+    """Questions a streamed rollout adds now (`fill_streamed`): those a lockstep round would ask for
+    the chains that neither the finished kept trees (`missing` is what they leave of the batch) nor
+    the growing trees already known to be kept (`sure`, each counted at its full G (K + 1) chains)
+    will bring, less the growing trees whose verdict is still open (`pending`).
+
+    A pending tree is expected to bring G (K + 1) / oversample chains, the keep rate `oversample`
+    assumes in a lockstep round (`questions_to_ask`): with nothing sure, the pending trees are the
+    questions in flight that a round would ask. Under `filter: first_samples` a tree is sure once its
+    G first answers pass the filter, so the K expansions it still has to grow are not taken for a
+    question in flight that the batch still needs.
+    """
+    return max(0, questions_to_ask(missing - sure * chains_per_question, chains_per_question, oversample) - pending)
+
+
 @dataclass
 class Filled:
     """What dynamic sampling produced for one batch (on one rank)."""
@@ -84,11 +99,16 @@ def fill_streamed(search, add: Callable[[], None], keep: Callable[[object], bool
     keeps running them. So the batch does not depend on the engine's timing, and it is the batch
     that `fill` makes of the same trees when it fills in its first round.
 
-    `add()` plants the next question's tree in `search`. A question is added whenever the engine
-    has room for its G samples and the trees still growing are fewer than the questions the missing
-    chains call for (`questions_to_ask`, as a lockstep round asks them), the finished kept trees
-    counting as present (`select` over the prefix's batch and the later finished kept trees). At
-    most `max_rounds` times the questions of a lockstep round that misses the whole batch are asked.
+    `add()` plants the next question's tree in `search`. Questions are added while the engine has
+    room for their G samples and the chains the trees will bring fall short of the batch
+    (`questions_to_add`): the finished kept trees count as present (`select` over the prefix's batch
+    and the later finished kept trees), a growing tree that `keep` already keeps (past line 2:
+    `search.expanding()`) as its full G (K + 1) chains, and any other growing tree at the keep rate
+    `oversample` assumes. `keep` must be settled once true: a tree it keeps while growing it keeps
+    finished (keep_tree's filters are: the first answers do not change, and a mix of right and wrong
+    leaves stays mixed). At most `max_rounds` times the questions of a lockstep round that misses the
+    whole batch are asked. Which questions are added, in which order, is the data order whatever
+    this rule decides; the rule sets only how far past the batch's prefix the engine works.
 
     When the batch is full, the trees after its prefix are dropped: those still growing are aborted,
     the finished ones discarded. `generated` and `kept` hold the prefix's trees, in draw order;
@@ -110,11 +130,12 @@ def fill_streamed(search, add: Callable[[], None], keep: Callable[[object], bool
             break
         later = [done[i] for i in sorted(done) if i >= prefix and kept[i]]
         have = sum(tree_chains(t) for t in select(batch + later, target))
-        wanted = questions_to_ask(target - have, chains_per_question, oversample)
-        while (asked < most and search.growing < wanted
-               and (search.growing == 0 or search.room() >= search.group_size)):
+        sure = sum(1 for t in search.expanding() if keep(t))
+        wanted = questions_to_add(target - have, sure, search.growing - sure, chains_per_question, oversample)
+        while asked < most and wanted > 0 and (search.growing == 0 or search.room() >= search.group_size):
             add()
             asked += 1
+            wanted -= 1
         if not search.growing:
             break
         for i in search.step():
