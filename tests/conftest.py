@@ -52,14 +52,28 @@ def tiny_model_dir(tmp_path_factory):
     return save_model_dir(model, tok, tmp_path_factory.mktemp("tiny_model"))
 
 
-@pytest.fixture(scope="module")
-def train_data(tmp_path_factory):
-    """24 one-step word problems in the prepared JSONL format (answers 0-9), for `bfspo train`."""
-    rows = [{"id": str(i), "question": f"Tom has {i} apples and buys 3 more. How many?", "answer": str(i % 10)}
-            for i in range(24)]
+def _train_file(tmp_path_factory, rows: list[dict]):
+    """`rows` as a prepared JSONL training file in a fresh folder."""
     path = tmp_path_factory.mktemp("data") / "train.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+@pytest.fixture(scope="module")
+def train_data(tmp_path_factory):
+    """24 one-step word problems in the prepared JSONL format (answers 0-9), for `bfspo train`."""
+    return _train_file(tmp_path_factory, [
+        {"id": str(i), "question": f"Tom has {i} apples and buys 3 more. How many?", "answer": str(i % 10)}
+        for i in range(24)])
+
+
+@pytest.fixture(scope="module")
+def answer_three_data(tmp_path_factory):
+    """24 word problems whose answer is 3, the number the answering model of the vLLM tests favours: its
+    groups mix right and wrong answers, so training steps keep some."""
+    return _train_file(tmp_path_factory, [
+        {"id": str(i), "question": f"Tom has {i} apples and gives {i - 3} away. How many are left?", "answer": "3"}
+        for i in range(3, 27)])
 
 
 @pytest.fixture(scope="session")

@@ -34,18 +34,7 @@ NOT_REPLAYED = ("timing/", "rollout/occupancy", "rollout/engine_steps", "rollout
 
 
 @pytest.fixture(scope="module")
-def train_data(tmp_path_factory):
-    """Word problems whose answer is 3, the number the answering model favours: its groups mix right
-    and wrong answers, so each step keeps some."""
-    rows = [{"id": str(i), "question": f"Tom has {i} apples and gives {i - 3} away. How many are left?",
-             "answer": "3"} for i in range(3, 27)]
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-@pytest.fixture(scope="module")
-def new_trainer(tmp_path_factory, train_data):
+def new_trainer(tmp_path_factory, answer_three_data):
     """new_trainer(name, **fields): a Trainer (engine vllm) on the answering model, in its own run
     directory, every one on the module's engine."""
     from bfspo import rollout
@@ -65,7 +54,7 @@ def new_trainer(tmp_path_factory, train_data):
         return RescoredEngine(shared[0].engine, model, micro_batch_tokens, attention, bucket)
 
     def new(name: str, **fields) -> Trainer:
-        values = dict(model=str(model_dir), train_data=str(train_data), benchmark="gsm8k_train", engine="vllm",
+        values = dict(model=str(model_dir), train_data=str(answer_three_data), benchmark="gsm8k_train", engine="vllm",
                       budget=24, train_batch=16, mini_batch=8, oversample=3.0, lr=1e-2, threads=1, seed=SEED,
                       log_trees=-1, wandb_mode="disabled") | fields
         return Trainer(TrainConfig(**values), tmp_path_factory.mktemp(name))

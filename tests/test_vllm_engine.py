@@ -59,17 +59,6 @@ def answering_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def train_data(tmp_path_factory):
-    """24 word problems whose answer is 3, the number the answering model favours: its groups mix
-    right and wrong answers, so training steps keep some."""
-    rows = [{"id": str(i), "question": f"Tom has {i} apples and gives {i - 3} away. How many are left?",
-             "answer": "3"} for i in range(3, 27)]
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-@pytest.fixture(scope="module")
 def processes_before_engine():
     """The test process's children before the module's engine starts (W&B's service of an earlier test, say)."""
     import psutil
@@ -364,8 +353,8 @@ def metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(answering_model_dir, train_data,
-                                                                                  tmp_path):
+def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(answering_model_dir,
+                                                                                  answer_three_data, tmp_path):
     """Tolerance: at step 1, the mean response length within 15% and the mean entropy within 10% of
     the transformers engine's run on the same seed. The two engines draw different random numbers,
     so the samples differ; at step 1 the policy they sample from is the same (later steps update it
@@ -373,7 +362,7 @@ def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(
     import os
 
     steps, out = 3, tmp_path / "vllm"
-    args = train_args(answering_model_dir, train_data, out, "vllm", steps)
+    args = train_args(answering_model_dir, answer_three_data, out, "vllm", steps)
     with process.started([sys.executable, "-m", "bfspo.cli", *map(str, args)], env={**os.environ, **ENV_KEYS},
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
         deadline = time.time() + 240
@@ -386,7 +375,8 @@ def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(
     resumed = cli(*args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming" in resumed.stdout
-    reference = cli(*train_args(answering_model_dir, train_data, tmp_path / "transformers", "transformers", steps))
+    reference = cli(*train_args(answering_model_dir, answer_three_data, tmp_path / "transformers", "transformers",
+                                steps))
     assert reference.returncode == 0, reference.stderr[-3000:]
     ours, ref = metrics(out), metrics(tmp_path / "transformers")
     assert [r["step"] for r in ours] == [r["step"] for r in ref] == list(range(1, steps + 1))
@@ -401,7 +391,7 @@ def test_vllm_training_resumes_after_a_kill_and_matches_the_transformers_engine(
     assert all(r["timing/rescore_tokens"] > 0 and r["timing/rescore_padding"] == 0 for r in rescored)
 
 
-def test_two_ranks_each_train_with_their_own_engine(answering_model_dir, train_data, tmp_path):
+def test_two_ranks_each_train_with_their_own_engine(answering_model_dir, answer_three_data, tmp_path):
     """Data parallelism as the train rule launches it: torchrun, 2 ranks (gloo), one vLLM engine per
     rank through vLLM's external_launcher backend; both ranks' shares fill the batch."""
     import os
@@ -410,7 +400,8 @@ def test_two_ranks_each_train_with_their_own_engine(answering_model_dir, train_d
 
     out = tmp_path / "ddp"
     proc = process.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                        "-m", "bfspo.cli", *map(str, train_args(answering_model_dir, train_data, out, "vllm", 2))],
+                        "-m", "bfspo.cli",
+                        *map(str, train_args(answering_model_dir, answer_three_data, out, "vllm", 2))],
                        env={**os.environ, **ENV_KEYS}, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(torch.load(out / "checkpoint" / "state.pt", weights_only=True)["cursors"]) == 2
