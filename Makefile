@@ -71,14 +71,14 @@ rehearsal: setup
 	bfspo rehearsal-config --paper config/paper.yaml --out results/rehearsal/config.yaml $(if $(REHEARSAL_ENGINE),--engine $(REHEARSAL_ENGINE))
 	snakemake --cores $(CORES) --configfile results/rehearsal/config.yaml
 
-# The wheels a GPU session carries (bench/gpu-wheels.txt) into bench/gpu-wheels/, at most 64 MiB.
+# The wheels a GPU session carries (bench/gpu/gpu-wheels.txt) into bench/gpu/wheels/, at most 64 MiB.
 gpu-wheels:
-	bash bench/gpu_wheels.sh
+	bash bench/gpu/gpu_wheels.sh
 
-# The GPU check (bench/gpu_session.sh) on CPU at tiny sizes, in a clean venv of the GPU image's
-# packages plus the carried wheels (bench/gpu_rehearsal.sh); its results in results/gpu-rehearsal.
+# The GPU check (bench/gpu/gpu_session.sh) on CPU at tiny sizes, in a clean venv of the GPU image's
+# packages plus the carried wheels (bench/gpu/gpu_rehearsal.sh); its results in results/gpu-rehearsal.
 gpu-session-rehearsal:
-	bash bench/gpu_rehearsal.sh
+	bash bench/gpu/gpu_rehearsal.sh
 
 clean:
 	rm -rf results/data results/toy results/rehearsal results/gpu-rehearsal results/runs results/eval results/tables results/figures logs benchmarks .snakemake

@@ -25,7 +25,7 @@ trained tokens/s against the plan's 6N (4N without checkpointing) at its MFU on 
 Each measurement runs in a fresh process. `--json` prints one JSON line per measurement as it is
 made (the built model, the warm-up update, the timed update, its peak memory; each has a `stage`),
 the last line holding every field, so that a process killed on the way has printed what it measured
-(bench/gpu_check.py records them as they come).
+(bench/gpu/gpu_check.py records them as they come).
 """
 
 from __future__ import annotations

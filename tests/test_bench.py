@@ -1,4 +1,4 @@
-"""bench/gpu_session.sh and bench/gpu_check.py, the GPU check (issues 30, 38). `make gpu-session-rehearsal`
+"""bench/gpu/gpu_session.sh and bench/gpu/gpu_check.py, the GPU check (issues 30, 38). `make gpu-session-rehearsal`
 runs the whole check on CPU at tiny sizes in a venv of the GPU image's packages; these tests check
 what a GPU run relies on: a part cut off at its limit, or killed, leaves what it measured and a
 summary; OUT holds what the device returns whole; no probe of the environment stops the check;
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from bench import gpu_check
-from bench.gpu_rehearsal_check import kill_after_first, out_problems
+from bench.gpu import gpu_check
+from bench.gpu.gpu_rehearsal_check import kill_after_first, out_problems
 from bfspo.algorithm.attention_options import BUCKET_TOKENS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def test_the_carried_wheels_are_the_locks_versions():
     lock = dict(line.split("==") for line in (ROOT / "requirements/lock-cpu.txt").read_text().splitlines()
                 if "==" in line and not line.startswith("#"))
     lock = {k.lower().replace("_", "-"): v for k, v in lock.items()}
-    carried = [line for line in (ROOT / "bench/gpu-wheels.txt").read_text().splitlines()
+    carried = [line for line in (ROOT / "bench/gpu/gpu-wheels.txt").read_text().splitlines()
                if line and not line.startswith("#")]
     assert carried
     for pin in carried:
@@ -87,5 +87,5 @@ def test_the_carried_wheels_are_the_locks_versions():
 
 
 def test_gpu_session_script_needs_an_output_dir():
-    proc = subprocess.run(["bash", "bench/gpu_session.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0 and "usage: bench/gpu_session.sh OUT_DIR" in proc.stderr
+    proc = subprocess.run(["bash", "bench/gpu/gpu_session.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "usage: bench/gpu/gpu_session.sh OUT_DIR" in proc.stderr

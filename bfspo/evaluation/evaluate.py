@@ -151,7 +151,7 @@ def build_engine(args, tokenizer, max_model_len: int) -> RolloutEngine:
 def log_to_wandb(summary: dict, samples: list[dict], args) -> None:
     """One eval run: what was evaluated as its config (`run_config`), accuracy, length and their
     intervals in its W&B summary, and the first --wandb-samples responses as a table."""
-    import pandas as pd  # only W&B logging needs pandas (a GPU machine may lack it: bench/gpu_check.py)
+    import pandas as pd  # only W&B logging needs pandas (a GPU machine may lack it: bench/gpu/gpu_check.py)
     import wandb
 
     from bfspo import tracking

@@ -9,7 +9,7 @@ import numpy as np
 
 from bfspo.errors import BfspoError
 
-if TYPE_CHECKING:  # imported where used: `bfspo evaluate` runs without pandas (bench/gpu_check.py)
+if TYPE_CHECKING:  # imported where used: `bfspo evaluate` runs without pandas (bench/gpu/gpu_check.py)
     import pandas as pd
 
 # The precision the paper prints: accuracy to 0.1 point, length to 1 token, AES to 0.01.

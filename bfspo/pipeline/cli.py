@@ -42,7 +42,7 @@ def assumptions_text() -> str:
     a = ASSUMPTIONS
     hw = a.hardware
     return "\n".join([
-        "Assumptions (bfspo/pipeline/throughput.py, gpu_plan.py; bench/gpu_session.sh measures them):",
+        "Assumptions (bfspo/pipeline/throughput.py, gpu_plan.py; bench/gpu/gpu_session.sh measures them):",
         f"  GPU {hw.name}: {hw.flops / 1e12:.0f} TFLOP/s bf16, {hw.bandwidth / 1e12:.2f} TB/s; weights and "
         f"activations in bfloat16, LoRA and AdamW in float32",
         f"  training: 2N FLOPs/token for the rescoring forward (old log-probs, entropies) of every generated "

@@ -1,6 +1,6 @@
 """How long the jobs take: the throughput assumptions, in one place, and the time terms built on them.
 
-Every figure here is an assumption until bench/gpu_session.sh measures it on a lent GPU (it prints
+Every figure here is an assumption until bench/gpu/gpu_session.sh measures it on a lent GPU (it prints
 the measured rates beside these). The sources:
 
 - Hardware: NVIDIA A100 80GB SXM datasheet (the paper's GPU, App. C "8 A100"): 312 TFLOP/s dense
@@ -39,7 +39,7 @@ the measured rates beside these). The sources:
   step (adapter hand-over to vLLM, sleep and wake-up, logging).
 
 What a GPU run would check first (issue 30: the terms below were left out before, each an
-estimate until bench/gpu_check.py or a real run measures it):
+estimate until bench/gpu/gpu_check.py or a real run measures it):
 
 - LoRA's decode cost: vLLM serves the policy as base weights plus a LoRA adapter, whose kernels
   cost 20-50% of the decode rate at high batch (issue 30's estimate, from vLLM's LoRA benchmarks;

@@ -17,7 +17,7 @@ COLUMNS = ["step", "question_id", "leaves", "correct", "best_length", "backtrack
 
 def sample_table(tree_dicts: list[dict], step: int, n: int = SAMPLE_TREES) -> pd.DataFrame:
     """One row per sample tree (SearchTree.to_dict with text), the first n of the step. (pandas is
-    imported here: only W&B logging needs it, and a GPU machine may lack it: bench/gpu_check.py.)"""
+    imported here: only W&B logging needs it, and a GPU machine may lack it: bench/gpu/gpu_check.py.)"""
     import pandas as pd
 
     rows = [[step, d["meta"].get("question_id"), len(d["leaves"]), sum(leaf["correct"] for leaf in d["leaves"]),

@@ -3,13 +3,13 @@ can check of a GPU run, not its timings (shared cores; the `tiny` preset lifts t
 
 - OUT is what the device returns whole: at most 8 files, none deeper than OUT/a/b/file, each a plain
   file whose name is letters, digits, `.`, `_` and `-` (`out_problems`): here the four of
-  bench.gpu_check.OUT_FILES.
+  bench.gpu.gpu_check.OUT_FILES.
 - Every part ran and measured: its status "ok" and at least one measurement in results.json.
 - A part writes what it measures before its end: `kill_after_first` runs one part alone, kills its
   process group (as its limit would) as soon as its first measurement is in results.json, and
   returns the part's record, which must hold that measurement.
 
-    python -m bench.gpu_rehearsal_check OUT     # after bench/gpu_session.sh OUT --preset tiny
+    python -m bench.gpu.gpu_rehearsal_check OUT     # after bench/gpu/gpu_session.sh OUT --preset tiny
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.gpu_check import OUT_FILES, PARTS, load
+from bench.gpu.gpu_check import OUT_FILES, PARTS, load
 
 MAX_FILES = 8  # what the device returns from OUT
 MAX_DEPTH = 3  # OUT/a/b/file
@@ -66,7 +66,7 @@ def part_problems(out: Path) -> list[str]:
 def kill_after_first(out: Path, part: str, preset: str = "tiny", timeout_s: float = 900) -> tuple[dict, int]:
     """Run `part` alone into `out` and kill its process group as soon as its first measurement is in
     results.json: (the part's record, the check's exit status)."""
-    check = subprocess.Popen([sys.executable, "-m", "bench.gpu_check", "--out", str(out), "--preset", preset,
+    check = subprocess.Popen([sys.executable, "-m", "bench.gpu.gpu_check", "--out", str(out), "--preset", preset,
                               "--parts", part])
     deadline = time.monotonic() + timeout_s
     try:
@@ -85,7 +85,7 @@ def kill_after_first(out: Path, part: str, preset: str = "tiny", timeout_s: floa
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("out", type=Path, help="the rehearsal's OUT (bench/gpu_session.sh OUT --preset tiny)")
+    p.add_argument("out", type=Path, help="the rehearsal's OUT (bench/gpu/gpu_session.sh OUT --preset tiny)")
     p.add_argument("--kill-part", default="update", choices=PARTS, help="the part killed after its first measurement")
     args = p.parse_args()
     problems = out_problems(args.out) + part_problems(args.out)

@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # The GPU check (issues 30, 38) on a GPU machine: at most 8 minutes on one H100 or H200, its results in
-# OUT as they are measured (bench/gpu_check.py says what each part measures, in which order, under
+# OUT as they are measured (bench/gpu/gpu_check.py says what each part measures, in which order, under
 # which time limit). OUT holds four files: summary.md, results.json, env.txt, logs.txt.
 #
-#   bash bench/gpu_session.sh OUT [bench/gpu_check.py options, e.g. --parts attention update]
+#   bash bench/gpu/gpu_session.sh OUT [bench/gpu/gpu_check.py options, e.g. --parts attention update]
 #
 # From the repository root. The machine's image needs torch, transformers, peft and accelerate
 # (not vllm, snakemake, wandb or pandas; no network; math-verify travels as a wheel). The wheels of
-# bench/gpu-wheels.txt, in $GPU_WHEELS (default bench/gpu-wheels/, built by `bash bench/gpu_wheels.sh`
-# and carried with the checkout), are unpacked into a folder of their own and put before the image's
-# packages; if they do not import there, the image's own packages are used, as OUT/env.txt says.
+# bench/gpu/gpu-wheels.txt, in $GPU_WHEELS (default bench/gpu/wheels/, built by
+# `bash bench/gpu/gpu_wheels.sh` and carried with the checkout), are unpacked into a folder of their
+# own and put before the image's packages; if they do not import there, the image's own packages are
+# used, as OUT/env.txt says.
 # `make gpu-session-rehearsal` runs this script on CPU at tiny sizes, in a venv of the image's packages.
 set -euo pipefail
-OUT=${1:?usage: bench/gpu_session.sh OUT_DIR [gpu_check options]}
+OUT=${1:?usage: bench/gpu/gpu_session.sh OUT_DIR [gpu_check options]}
 shift
 PYTHON=${PYTHON:-python3}  # the interpreter that has the image's packages
-WHEELS=${GPU_WHEELS:-bench/gpu-wheels}
+WHEELS=${GPU_WHEELS:-bench/gpu/wheels}
 export WANDB_MODE=disabled HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export GPU_CHECK_WORK=${GPU_CHECK_WORK:-/tmp/bfspo-gpu-check}
 mkdir -p "$OUT"
@@ -35,4 +36,4 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
 else
   echo "wheels: none in $WHEELS, the image's packages are used" > "$OUT/env.txt"
 fi
-PYTHONPATH="$path" exec "$PYTHON" -m bench.gpu_check --out "$OUT" "$@"
+PYTHONPATH="$path" exec "$PYTHON" -m bench.gpu.gpu_check --out "$OUT" "$@"

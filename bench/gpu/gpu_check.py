@@ -41,8 +41,8 @@ time is left); update, START_S + 20 s to build the 3B model + one pair + 10 s fo
 a machine start of about 3 minutes, 15 minutes of device time leave room for one rerun of any part.
 The `tiny` preset (the CPU rehearsal) lifts the limits to HANG_S each: shared CPU cores time nothing.
 
-    python -m bench.gpu_check --out OUT                  # on the GPU (bench/gpu_session.sh wraps it)
-    python -m bench.gpu_check --out OUT --preset tiny    # CPU rehearsal (make gpu-session-rehearsal)
+    python -m bench.gpu.gpu_check --out OUT                 # on the GPU (bench/gpu/gpu_session.sh wraps it)
+    python -m bench.gpu.gpu_check --out OUT --preset tiny   # CPU rehearsal (make gpu-session-rehearsal)
 
 Exit status 1 if a part failed or ran out of time (the others still ran).
 """
@@ -435,7 +435,7 @@ def run_part(part: str, limit: float, preset: str, out: Path) -> tuple[str, floa
     with open(out / LOGS, "a") as log:
         log.write(f"\n===== {part} (limit {limit:.0f} s) =====\n")
         log.flush()
-        proc = subprocess.Popen([sys.executable, "-m", "bench.gpu_check", "--part", part, "--preset", preset,
+        proc = subprocess.Popen([sys.executable, "-m", "bench.gpu.gpu_check", "--part", part, "--preset", preset,
                                  "--out", str(out)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = proc.wait(timeout=limit)
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in (RESULTS, SUMMARY, LOGS):
         (args.out / name).unlink(missing_ok=True)
     env = environment()
-    with open(args.out / ENV, "a") as f:  # after bench/gpu_session.sh's line on the carried wheels
+    with open(args.out / ENV, "a") as f:  # after bench/gpu/gpu_session.sh's line on the carried wheels
         f.write("".join(f"{k}: {v}\n" for k, v in env.items()))
     save(args.out, {"preset": args.preset, "env": env,
                     "parts": {part: {"status": "waiting", "measurements": []} for part in args.parts}})
