@@ -58,8 +58,10 @@ test: setup
 test-vllm: setup
 	HF_HUB_OFFLINE=1 WANDB_MODE=disabled python -m pytest -q -m vllm
 
+# The workflow's lint, then ruff (pyproject.toml's [tool.ruff]: import order, pyflakes, pyupgrade).
 lint: setup
 	snakemake --lint
+	ruff check .
 
 paper-dry-run: setup
 	snakemake --profile slurm -n --configfile config/paper.yaml
