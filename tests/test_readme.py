@@ -69,3 +69,48 @@ def test_the_citation_names_the_paper_as_the_readme_does():
     assert "arxiv.org/abs/2602.14917" in paper["url"] and "arXiv:2602.14917" in README
     for name in names:
         assert name.split()[-1] in README
+
+
+RESULTS = ROOT / "bench/RESULTS.md"
+
+
+def anchors(text: str) -> set[str]:
+    """A Markdown file's link targets: its `<a id>`s and its headings as GitHub names them."""
+    ids = set(re.findall(r'<a id="([^"]+)"></a>', text))
+    headings = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                for h in re.findall(r"^#+ (.*)$", text, flags=re.M)}
+    return ids | headings
+
+
+def test_anchors_are_html_ids_and_github_heading_names():
+    assert anchors('<a id="fig-x"></a>\n## The GPU check: `bench/gpu/gpu_session.sh OUT`\n') == {
+        "fig-x", "the-gpu-check-benchgpugpu_sessionsh-out"}
+
+
+def test_every_link_into_results_finds_its_row_or_section():
+    """Issue 48: the docs cite a row of RESULTS.md's current figures (or a section), by anchor."""
+    text = RESULTS.read_text(encoding="utf-8")
+    targets = anchors(text)
+    inside = re.findall(r"\]\(#([^)\s]+)\)", text)
+    assert inside and set(inside) - targets == set()
+    docs = [ROOT / "README.md", ROOT / "config/README.md", ROOT / "bench/gpu/README.md", *(ROOT / "docs").glob("*.md")]
+    cited = {f"{doc.relative_to(ROOT)}#{a}" for doc in docs
+             for a in re.findall(r"RESULTS\.md#([^)\s]+)\)", doc.read_text(encoding="utf-8"))}
+    assert len(cited) >= 10
+    assert sorted(c for c in cited if c.split("#")[1] not in targets) == []
+    links = {os.path.normpath(os.path.join("bench", t.split("#")[0])) for t in re.findall(r"\]\(([^)#\s]+)", text)}
+    assert missing(links) == []  # its sections' `code` spans are history: files and configs of their day
+    outward = re.findall(r"\]\(([^)#\s]+\.md)#([^)\s]+)\)", text)
+    assert outward and [(f, a) for f, a in outward
+                        if a not in anchors((RESULTS.parent / f).read_text(encoding="utf-8"))] == []
+
+
+def test_the_current_figures_name_every_benchmark():
+    """Every script under bench/ has a row in the current figures, measured or "not yet recorded"."""
+    text = RESULTS.read_text(encoding="utf-8")
+    table = text[text.index("## Current figures"):].split("\n\n<a id=")[0]
+    scripts = [p for p in (ROOT / "bench").glob("*") if p.suffix in (".py", ".sh") and p.stem not in ("__init__", "common")]
+    scripts.append(ROOT / "bench/gpu/gpu_check.py")
+    assert len(scripts) > 15
+    unnamed = [p.name for p in scripts if p.stem not in re.findall(r"bench[./](?:gpu/)?(\w+)", table)]
+    assert unnamed == []
