@@ -355,7 +355,7 @@ def test_an_advantage_variant_is_one_table_entry_and_a_few_config_lines(tmp_path
     from bfspo.algorithm import advantages
     from bfspo.pipeline import jobs
     from bfspo.pipeline.matrix import Matrix, load_config
-    from bfspo.preflight import plan_problems
+    from bfspo.pipeline.preflight import plan_problems
 
     recipe = (ROOT / "docs/workflow.md").read_text().split("**A new advantage variant.**")[1]
     lines = yaml.safe_load(re.search(r"```yaml\n(.*?)```", recipe, re.S).group(1))

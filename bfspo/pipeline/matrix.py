@@ -179,6 +179,11 @@ class Matrix:
 
     # ---- runs and tables ------------------------------------------------------------------------
 
+    def done(self, run: str) -> str:
+        """The marker of a finished training run, written last (bfspo/training/trainer.py); a
+        Snakemake pattern where `run` is a wildcard (`{run}`)."""
+        return f"{self.results}/runs/{run}/done.json"
+
     def summary(self, run: str, benchmark: str) -> str:
         return f"{self.results}/eval/{run}/{benchmark}/summary.json"
 
@@ -204,7 +209,7 @@ class Matrix:
 
     def table_runs(self, table: str) -> list[str]:
         """The done.json markers of a table's training runs (figures read their metrics and trees)."""
-        return [f"{self.results}/runs/{r}/done.json" for r, spec in self.runs.items() if self._in_table(spec, table)]
+        return [self.done(r) for r, spec in self.runs.items() if self._in_table(spec, table)]
 
     def tables_of(self, run: str) -> list[str]:
         """Every table that shows a training run, or, for a zero-shot run id, its model."""
