@@ -196,10 +196,11 @@ def schedule_lines(plans, slots: int | None) -> list[str]:
     hours, chain = schedule.critical_path(planned)
     t = schedule.simulate(planned, slots)
     at_once = f"{slots} jobs at once (slurm/config.yaml: jobs)" if slots else "every job at once (no profile)"
-    return [f"Critical path: {hours:,.1f} h ({' -> '.join(f'{j.name} {j.hours:,.1f} h' for j in chain)}), without "
-            "the queue's wait, the data preparation and the tables",
-            f"Peak GPUs at {at_once}: {t.peak_gpus}, from {t.peak_at:,.1f} h ({len(t.peak_jobs)} jobs: "
-            f"{sum(j.startswith('train ') for j in t.peak_jobs)} training); the last job ends at {t.makespan:,.1f} h"]
+    return [f"Critical path: {hours:,.1f} h, without the queue's wait, the data preparation and the tables:",
+            "  " + " -> ".join(f"{j.name} {j.hours:,.1f} h" for j in chain),
+            f"Peak GPUs at {at_once}: {t.peak_gpus}, from {t.peak_at:,.1f} h ({len(t.peak_jobs)} jobs, "
+            f"{sum(j.startswith('train ') for j in t.peak_jobs)} of them training); the last job ends at "
+            f"{t.makespan:,.1f} h"]
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -234,10 +235,10 @@ def run(args) -> int:
               f"{len(m.evaluations()) - len(plans.eval)} evaluation(s)")
     print()
     print("\n".join(summary_lines(m, plans)))
-    if plans.train or plans.eval:
-        print("\n".join(schedule_lines(plans, jobs.profile_jobs())))
     if plans.train:
         print("\n".join(micro_batch_lines(m, plans, args.gpu_mem_gb)))
+    if plans.train or plans.eval:
+        print("\n".join(schedule_lines(plans, jobs.profile_jobs())))
     for warning in p.warnings:
         print("\n" + warning)
     if not args.verbose:

@@ -153,10 +153,12 @@ def runtime_problems(m: Matrix, plans: Plans) -> list[str]:
         if limit is None or minutes <= limit:
             continue
         job = f"train {run}" if stage == "train" else f"evaluate {run} {bench}"
-        fix = f"set resources.{m.size_of(run)}.{stage}_runtime to {limit} or less"
+        fix = f"set resources.{m.size_of(run)}.{stage}_runtime to at most {limit}"
         if isinstance(p, TrainPlan):
-            fix += f" (the run then needs {attempts_within(p.train_s, p.start_s, p.signal_s, limit)} attempts)"
-        out.append(f"{job}: its time limit {minutes} min is over the partition's {limit} min ({key}); {fix}")
+            n = attempts_within(p.train_s, p.start_s, p.signal_s, limit)
+            more = plans.max_attempts and n > plans.max_attempts
+            fix += f" (then {n} attempts" + (f"; raise retries to {n}, one to spare)" if more else ")")
+        out.append(f"{job}: time limit {minutes} min, over the partition's {limit} ({key}); {fix}")
     return out
 
 
@@ -181,7 +183,6 @@ def spare_attempt_warning(m: Matrix, plans: Plans) -> str:
     if not lines:
         return ""
     return (f"Warning: these training runs need every one of the {plans.max_attempts} attempts that the Slurm "
-            f"profile gives (retries {plans.max_attempts - 1} in slurm/config.yaml), so one node failure fails them; "
-            f"give them one to spare: raise `retries` to {plans.max_attempts} there (or add --retries "
-            f"{plans.max_attempts} to the command), or raise the class's train_runtime as named, where the "
-            "partition allows:\n  " + "\n  ".join(lines))
+            f"profile gives, so one node failure\nfails them. Give them one to spare: raise `retries` to "
+            f"{plans.max_attempts} in slurm/config.yaml (or add --retries {plans.max_attempts} to the command), or "
+            "the class's\ntrain_runtime as named, where the partition allows:\n  " + "\n  ".join(lines))
