@@ -1,8 +1,9 @@
 """`bfspo plan`: the GPU plan of every train and evaluate job of a workflow config, as a table.
 
-    bfspo plan --config config/paper.yaml                 # as the config's size classes say
-    bfspo plan --config config/paper.yaml --gpu-mem-gb 40  # every job against a 40 GB card
-    bfspo plan --config config/paper.yaml --verbose        # and every job's terms, one line each
+    bfspo plan --config config/paper.yaml                   # as the config's size classes say
+    bfspo plan --config config/paper.yaml config/site.yaml  # merged as snakemake --configfile A B
+    bfspo plan --config config/paper.yaml --gpu-mem-gb 40   # every job against a 40 GB card
+    bfspo plan --config config/paper.yaml --verbose         # and every job's terms, one line each
 
 One row per job, grouped by the paper table that first shows it (a job shared with an earlier table
 is counted there): its GPUs, its peak memory per GPU and the phase that peaks, its time, the time
@@ -12,9 +13,12 @@ GPU-hours per BFS-PO run. With --verbose, first the throughput assumptions and e
 its peak memory term by term, in the phase that peaks (the update with vLLM asleep, or the
 rescoring forward with vLLM awake; the update with vLLM resident alongside), the activations with
 and without gradient checkpointing, vLLM's share (weights and KV cache), the time per step, the
-checkpoint size and interval, and the warning signal. A job that cannot fit is named with its
-largest term, and the command exits with status 1, as Snakemake refuses it. The last line says
-which of the Slurm partition and account the config leaves to the cluster.
+checkpoint size and interval, and the warning signal. After the totals, the critical path (hours,
+along the DAG's dependencies) and the peak of GPUs held at once at the Slurm profile's `jobs`.
+The checks are Snakemake's own (bfspo/pipeline/plan.py): a config that it refuses exits with
+status 1 here (2 where nothing can be planned), the refusal printed as Snakemake prints it, and
+its warnings are printed too. The last line says which of the Slurm partition and account the
+config leaves to the cluster.
 """
 
 from __future__ import annotations
