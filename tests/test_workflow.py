@@ -815,7 +815,8 @@ BAD = {  # one config with each kind of problem: (base, edit(config, tmp_path), 
     "schema": ("config/config.yaml", lambda c, _: c["train"].update(group_sise=4), "unknown key 'group_sise'"),
     "matrix": ("config/config.yaml", lambda c, _: c["tables"]["toy-ablation"]["methods"].append("bfspo-k9"),
                "unknown method 'bfspo-k9'"),
-    "preflight": ("config/config.yaml", lambda c, _: c["train"].update(mini_batch=7), "must be a multiple of mini_batch (7)"),
+    "preflight": ("config/config.yaml", lambda c, _: c["train"].update(mini_batch=7),
+                  "must be a multiple of mini_batch (7)"),
     "owner": ("config/config.yaml", _owned_by_another_config, "was built by the config config/other.yaml"),
     "gpu-memory": ("config/paper.yaml", lambda c, _: c["resources"]["3b"].update(gpu_mem_gb=22),
                    "train qwen2.5-3b_gsm8k_dapo_s0: needs"),
@@ -868,7 +869,8 @@ def test_a_site_file_merges_into_the_paper_config_as_a_second_configfile(tmp_pat
     assert "runtime=2880" in dict(planned)["train"] and "Slurm: no" not in out
     plan = process.run([sys.executable, "-m", "bfspo.cli", "plan", "--config", *files], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
-    assert plan.returncode == 0 and re.search(r" gpu$", next(l for l in plan.stdout.splitlines() if l.startswith("train ")))
+    rows = [line for line in plan.stdout.splitlines() if line.startswith("train ")]
+    assert plan.returncode == 0 and len(rows) == 15 and all(row.endswith(" gpu") for row in rows)
     site = tmp_path / "site.yaml"
     site.write_text("slurm:\n  acount: lab\n")
     plan, dry = _verdicts("config/paper.yaml", str(site))
