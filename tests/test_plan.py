@@ -21,8 +21,8 @@ import pytest
 from bfspo.errors import BfspoError
 from bfspo.pipeline import gpu_plan, jobs, memory, schedule
 from bfspo.pipeline import plan as plan_module
-from bfspo.pipeline.matrix import Matrix, load_config
-from bfspo.pipeline.plan import plan, read_configs
+from bfspo.pipeline.matrix import Matrix, load_config, read_configs
+from bfspo.pipeline.plan import plan
 from bfspo.pipeline.shapes import MODELS_DIR, Shape, load_shape
 from bfspo.pipeline.throughput import (ASSUMPTIONS, chain_tokens_factor, decode_tokens_per_s, expanded_share, forward_s,
                                        generated_chain_tokens, signal_rate,

@@ -29,9 +29,9 @@ from bfspo.errors import BfspoError
 from bfspo.pipeline import jobs, schedule, slurm
 from bfspo.pipeline.gpu_plan import (CHECKPOINT_BYTES_S, CUDA_CONTEXT, HEAD_CHUNK_ROWS, SAFETY, VLLM_ASLEEP, EvalPlan,
                                      TrainPlan, largest_micro_batch)
-from bfspo.pipeline.matrix import Matrix
 from bfspo.pipeline.memory import GIB
-from bfspo.pipeline.plan import plan, read_configs
+from bfspo.pipeline.matrix import Matrix, read_configs
+from bfspo.pipeline.plan import plan
 from bfspo.pipeline.throughput import ASSUMPTIONS
 
 # The paper's compute per BFS-PO run (App. C: 8 A100s for 12 h on GSM8K, 24 h on MATH), by train set.

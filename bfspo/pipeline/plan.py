@@ -26,12 +26,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from bfspo.errors import BfspoError
 from bfspo.pipeline import chains, gpu_plan, jobs, slurm
 from bfspo.pipeline.gpu_plan import Plans, TrainPlan, attempts_within, runtime_for_attempts
-from bfspo.pipeline.matrix import ConfigError, Matrix, normalise_numbers
+from bfspo.pipeline.matrix import Matrix, normalise_numbers
 from bfspo.pipeline.preflight import plan_problems
 from bfspo.pipeline.schema import SCHEMA, ConfigProblems, located, validate_config
 from bfspo.reporting.owner import config_id, owner_problems
@@ -64,24 +62,6 @@ def config_source(config_files) -> str:
         return str(path) if relative.startswith("..") else relative
 
     return " + ".join(map(typed, config_files)) or "the config"
-
-
-def read_configs(paths) -> dict:
-    """Config files merged as `snakemake --configfile A B` merges them (snakemake.utils.update_config:
-    a later file's mapping updates an earlier one's key by key, at every depth; any other value
-    replaces). Not yet validated: `plan` does that."""
-    from snakemake.utils import update_config
-
-    config: dict = {}
-    for path in paths:
-        try:
-            one = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError([f"cannot read {path}: {e}"]) from None
-        if not isinstance(one, dict):
-            raise ConfigError([f"{path}: a workflow config is a YAML mapping"])
-        update_config(config, one)
-    return config
 
 
 def plan(config: dict, config_files, schema: str | Path = SCHEMA, gpu_mem_gb: float | None = None) -> Plan:
