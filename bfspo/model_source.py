@@ -1,6 +1,6 @@
 """Where a model comes from, a local folder or a hub id, checked before anything loads it.
 
-`local_problem` is what the workflow checks when it plans (bfspo/preflight.py), for every size
+`local_problem` is what the workflow checks when it plans (bfspo/pipeline/preflight.py), for every size
 class: a path that names no folder, or a folder that holds no model. `check_model_source`, which
 every loader calls (bfspo/model_io.py), also asks the hub about a hub id that is not in the local
 cache, once and without retries, so a typo on a machine without a hub is named at once (rather than

@@ -108,7 +108,7 @@ def test_each_method_key_has_one_colour_in_every_config():
     from bfspo.reporting.style import METHOD_COLOURS
 
     root = Path(__file__).resolve().parents[1]
-    keys = {k for f in (root / "config").glob("*.yaml") for k in yaml.safe_load(f.read_text())["methods"]}
+    keys = {k for f in (root / "config").glob("*.yaml") for k in yaml.safe_load(f.read_text()).get("methods", {})}
     assert keys <= set(METHOD_COLOURS) and len(set(METHOD_COLOURS.values())) == len(METHOD_COLOURS)
     assert method_colour({"key": "dapo"}) == "#1f77b4" and method_colour({"key": "bfspo"}) == "#d62728"
     assert method_colour({"key": "dapo", "color": "tab:red"}) == "#d62728"

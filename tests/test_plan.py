@@ -19,8 +19,10 @@ from types import SimpleNamespace
 import pytest
 
 from bfspo.errors import BfspoError
-from bfspo.pipeline import gpu_plan, jobs, memory
-from bfspo.pipeline.matrix import Matrix, load_config
+from bfspo.pipeline import gpu_plan, jobs, memory, schedule
+from bfspo.pipeline import plan as plan_module
+from bfspo.pipeline.matrix import Matrix, load_config, read_configs
+from bfspo.pipeline.plan import plan
 from bfspo.pipeline.shapes import MODELS_DIR, Shape, load_shape
 from bfspo.pipeline.throughput import (ASSUMPTIONS, chain_tokens_factor, decode_tokens_per_s, expanded_share, forward_s,
                                        generated_chain_tokens, signal_rate,
@@ -175,9 +177,7 @@ def test_every_paper_job_is_planned_and_fits_its_80_gb_card():
 
 def test_a_job_that_cannot_fit_is_refused_naming_it_and_its_largest_term():
     cfg = paper(lambda c: c["resources"]["3b"].update(gpu_mem_gb=22))  # the update needs 23.0 GiB
-    with pytest.raises(BfspoError) as e:
-        gpu_plan.check(m := Matrix(cfg), gpu_plan.plan_matrix(m))
-    text = str(e.value)
+    text = plan(cfg, ["config/paper.yaml"]).refusal
     assert "train qwen2.5-3b_gsm8k_dapo_s0: needs" in text and "more than the 22 GiB of its class" in text
     assert "largest term is activations@32768" in text and "lower micro_batch_tokens" in text
     assert "llama3.1-8b" not in text  # the 8b class keeps its 80 GB
@@ -405,7 +405,8 @@ def test_bfspo_plan_prints_every_job_and_refuses_what_cannot_fit(tmp_path):
     assert re.search(r"62\.5 +gpu-a100$", next(line for line in out.stdout.splitlines() if line.startswith("train ")))
     small = subprocess.run([sys.executable, "-m", "bfspo.cli", "plan", "--config", "config/paper.yaml",
                             "--gpu-mem-gb", "16"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert small.returncode == 1 and "Jobs that cannot run:" in small.stdout
+    assert small.returncode == 1 and "Refused, as `snakemake -n` refuses it:" in small.stdout
+    assert "paper.yaml: jobs that cannot run (bfspo plan prints every term):\n  train qwen2.5-3b" in small.stdout
 
 
 # ---- the memory model against a measured update ------------------------------------------------------
@@ -646,3 +647,97 @@ def test_the_measured_update_follows_a_warm_up_at_its_own_shapes(tmp_path, monke
                         lambda model, trees, **kw: buckets.append(kw["bucket"]) or recording(model, trees, **kw))
     one = list(bench_plan_memory.measure(argparse.Namespace(**vars(args), one_row=True)))[-1]
     assert one["bucket"] == 600 and set(buckets) == {600} and one["trees"] == 2 and one["row_tokens"] <= 600
+
+
+# ---- the one planning path: time end to end, GPUs at once, the partition's limit (issues 45, 48) ----------
+
+
+def test_the_critical_path_follows_the_dags_dependencies_and_the_peak_the_profiles_concurrency():
+    from bfspo.pipeline.schedule import Job, critical_path, simulate
+
+    jobs_ = [Job("train a", 10, 4), Job("train b", 6, 2), Job("evaluate a x", 1, 1, ("train a",)),
+             Job("evaluate b x", 5, 1, ("train b",)), Job("evaluate z x", 2, 1)]
+    hours, chain = critical_path(jobs_)
+    assert hours == 11 and [j.name for j in chain] == ["train a", "evaluate a x"]  # not b's 6 + 5
+    free = simulate(jobs_, None)
+    assert (free.peak_gpus, free.peak_at, free.makespan) == (7, 0, 11)  # both trainings and z at once
+    # two at once: a and b first; at 6 b's evaluation (first in order of the ready ones), at 10 a's, at 11 z
+    two = simulate(jobs_, 2)
+    assert (two.peak_gpus, two.peak_at, two.peak_jobs) == (6, 0, ("train b", "train a")) and two.makespan == 13
+    one = simulate(jobs_, 1)
+    assert one.peak_gpus == 4 and one.makespan == sum(j.hours for j in jobs_)
+    # the paper: the longest chain is Llama-8B's MATH DAPO run and its longest evaluation (issue 45: 101 h by hand)
+    m = Matrix(paper())
+    plans = gpu_plan.plan_matrix(m)
+    hours, chain = critical_path(schedule.plan_jobs(plans))
+    longest = max(plans.train.values(), key=lambda p: p.train_s + p.attempts * p.start_s)
+    assert chain[0].name == f"train {longest.run}" == "train llama3.1-8b_math_dapo_s0" and 95 < hours < 110
+    assert chain[1].name.startswith("evaluate llama3.1-8b_math_dapo_s0 ")
+    # 50 jobs at once hold every training job's GPUs (23) and the zero-shot evaluations' (one each)
+    zero_shot = sum(p.gpus for (run, _), p in plans.eval.items() if run not in plans.train)
+    assert sum(p.gpus * p.nodes for p in plans.train.values()) == 23
+    assert simulate(schedule.plan_jobs(plans), 50).peak_gpus == 23 + zero_shot
+    out = subprocess.run([sys.executable, "-m", "bfspo.cli", "plan", "--config", "config/paper.yaml"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120).stdout
+    assert f"Critical path: {hours:,.1f} h" in out and "  train llama3.1-8b_math_dapo_s0 " in out
+    assert f"Peak GPUs at 50 jobs at once (slurm/config.yaml: jobs): {23 + zero_shot}," in out
+    assert jobs.profile_jobs() == 50 and jobs.profile_jobs(ROOT / "no-such-profile.yaml") is None
+
+
+@pytest.mark.parametrize("slurm, key, refused", [
+    ({"max_runtime": 1440}, "slurm.max_runtime", 8),  # the 7-8B classes' 2,880 min, GSM8K and MATH
+    ({"sizes": {"8b": {"max_runtime": 2000}}}, "slurm.sizes.8b.max_runtime", 8),
+    ({"max_runtime": 2000, "sizes": {"8b": {"max_runtime": 2880}}}, "slurm.max_runtime", 0),  # 3b asks 1440
+    ({"max_runtime": 19}, "slurm.max_runtime", 15 + 42),  # every job asks at least 20 minutes
+])
+def test_a_job_over_the_partitions_time_limit_is_refused_naming_its_time_and_the_limit(slurm, key, refused):
+    cfg = paper(lambda c: c["slurm"].update(slurm))
+    p = plan(cfg, ["config/paper.yaml"])
+    over = [line.strip() for line in p.refusal.splitlines() if "over the partition's" in line]
+    assert len(over) == refused
+    if refused:
+        limit = slurm.get("max_runtime") if key == "slurm.max_runtime" else slurm["sizes"]["8b"]["max_runtime"]
+        assert p.refusal.startswith("config/paper.yaml: jobs that cannot run")
+        assert f"train llama3.1-8b_math_dapo_s0: time limit 2880 min, over the partition's {limit} ({key})" in p.refusal
+    else:
+        assert p.problems == []
+    # the advice is enough: at the limit it names, the 8b jobs fit (and need the attempts it names)
+    fixed = paper(lambda c: c["slurm"].update(max_runtime=1440) or c["resources"]["8b"].update(train_runtime=1440))
+    after = plan(fixed, ["config/paper.yaml"])
+    assert "over the partition's" not in after.refusal and "needs 5 attempts" in after.refusal
+    assert "(then 5 attempts; raise retries to 5, one to spare)" in plan(
+        paper(lambda c: c["slurm"].update(max_runtime=1440)), ["config/paper.yaml"]).refusal
+
+
+def test_a_run_with_no_attempt_to_spare_is_warned_with_the_keys_that_give_one():
+    m = Matrix(cfg := paper())
+    p = plan(cfg, ["config/paper.yaml"])
+    (warning,) = [w for w in p.warnings if "attempts" in w]
+    named = re.findall(r"^  train (\S+): 3 attempts of 2880 min; resources.8b.train_runtime (\d+) would need 2$",
+                       warning, re.M)
+    assert [run for run, _ in named] == ["llama3.1-8b_math_dapo_s0", "qwen2.5-7b_math_dapo_s0"]
+    assert "raise `retries` to 3 in slurm/config.yaml" in warning
+    assert [r for r, tp in p.jobs.train.items() if tp.attempts == p.jobs.max_attempts] == [r for r, _ in named]
+    minutes = max(int(m_) for _, m_ in named)
+    spared = plan(paper(lambda c: c["resources"]["8b"].update(train_runtime=minutes)), ["config/paper.yaml"])
+    assert not [w for w in spared.warnings if "attempts" in w] and spared.problems == []
+    assert plan_module.spare_attempt_warning(m, gpu_plan.plan_matrix(m, max_attempts=None)) == ""
+    capped = plan(paper(lambda c: c["slurm"].update(max_runtime=2880)), ["config/paper.yaml"])
+    assert "over the partition's 2880 min (slurm.max_runtime)" in next(w for w in capped.warnings if "attempts" in w)
+
+
+def test_config_files_merge_as_snakemake_merges_them(tmp_path):
+    """`bfspo plan --config A B` reads B over A key by key, at every depth (snakemake.utils.update_config);
+    the merged config goes through the schema (an unknown key of the site file is refused, naming both files)."""
+    site = tmp_path / "site.yaml"
+    site.write_text("slurm:\n  partition: gpu\n  sizes: {8b: {constraint: a100-80gb}}\nresources:\n  8b: {gpus: 4}\n")
+    merged = read_configs([ROOT / "config/paper.yaml", site])
+    alone = read_configs([ROOT / "config/paper.yaml"])
+    assert merged["slurm"]["partition"] == "gpu" and merged["slurm"]["account"] is None  # the rest of slurm kept
+    assert merged["slurm"]["sizes"] == {"8b": {"constraint": "a100-80gb"}}
+    assert merged["resources"]["8b"] == alone["resources"]["8b"] | {"gpus": 4}  # mem_mb, train_runtime, ... kept
+    assert merged["models"] == alone["models"]
+    assert plan(merged, [ROOT / "config/paper.yaml", site]).problems == []
+    site.write_text("slurm:\n  partiton: gpu\n")
+    bad = plan(read_configs([ROOT / "config/paper.yaml", site]), [ROOT / "config/paper.yaml", site])
+    assert bad.matrix is None and f"config/paper.yaml + {site}: slurm: unknown key 'partiton'" in bad.refusal

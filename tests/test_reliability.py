@@ -436,7 +436,7 @@ def _plan(**edits):
 
 
 def test_the_plan_check_runs_each_run_through_the_trainers_validation(tiny_model_dir):
-    from bfspo.preflight import plan_problems
+    from bfspo.pipeline.preflight import plan_problems
 
     assert plan_problems(*_plan()) == []
     assert plan_problems(*_plan(lr=float("nan"))) == ["config: lr must be a number > 0 and at most 1, got nan (run r)"]

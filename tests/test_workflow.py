@@ -355,7 +355,7 @@ def test_an_advantage_variant_is_one_table_entry_and_a_few_config_lines(tmp_path
     from bfspo.algorithm import advantages
     from bfspo.pipeline import jobs
     from bfspo.pipeline.matrix import Matrix, load_config
-    from bfspo.preflight import plan_problems
+    from bfspo.pipeline.preflight import plan_problems
 
     recipe = (ROOT / "docs/workflow.md").read_text().split("**A new advantage variant.**")[1]
     lines = yaml.safe_load(re.search(r"```yaml\n(.*?)```", recipe, re.S).group(1))
@@ -799,3 +799,82 @@ def test_the_breakdown_study_runs_at_ci_size(tmp_path):
     assert all(len(t.leaves()) == 4 and not t.backtracking and t.stopped["reason"].startswith("first samples all")
                for t in dropped)
     assert any(t.backtracking for t in trees)
+
+
+# ---- one planning path: `bfspo plan` and `snakemake -n` give one verdict (issue 48) ----------------------
+
+
+def _owned_by_another_config(cfg, tmp_path):
+    cfg["results"] = str(tmp_path / "results")
+    (tmp_path / "results/tables").mkdir(parents=True)
+    (tmp_path / "results/tables/toy-ablation.owner").write_text("config/other.yaml\n")
+
+
+CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "config").glob("*.yaml") if p.name != "site.example.yaml")
+BAD = {  # one config with each kind of problem: (base, edit(config, tmp_path), what both name)
+    "schema": ("config/config.yaml", lambda c, _: c["train"].update(group_sise=4), "unknown key 'group_sise'"),
+    "matrix": ("config/config.yaml", lambda c, _: c["tables"]["toy-ablation"]["methods"].append("bfspo-k9"),
+               "unknown method 'bfspo-k9'"),
+    "preflight": ("config/config.yaml", lambda c, _: c["train"].update(mini_batch=7),
+                  "must be a multiple of mini_batch (7)"),
+    "owner": ("config/config.yaml", _owned_by_another_config, "was built by the config config/other.yaml"),
+    "gpu-memory": ("config/paper.yaml", lambda c, _: c["resources"]["3b"].update(gpu_mem_gb=22),
+                   "train qwen2.5-3b_gsm8k_dapo_s0: needs"),
+    "attempts": ("config/paper.yaml", lambda c, _: c["resources"]["8b"].update(train_runtime=1440),
+                 "more than the 3 that the Slurm profile's retries give"),
+    "partition-limit": ("config/paper.yaml", lambda c, _: c["slurm"].update(max_runtime=1440),
+                        "train llama3.1-8b_math_dapo_s0: time limit 2880 min, over the partition's 1440"),
+}
+
+
+def _verdicts(*files: str) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    plan = process.run([sys.executable, "-m", "bfspo.cli", "plan", "--config", *files], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    return plan, snakemake("-n", "--nolock", "--configfile", *files)
+
+
+@pytest.mark.parametrize("files", [[c] for c in CONFIGS] + [["config/paper.yaml", "config/site.example.yaml"]],
+                         ids=lambda f: "+".join(Path(p).stem for p in f))
+def test_every_shipped_config_gets_one_verdict_from_bfspo_plan_and_snakemake(files):
+    plan, dry = _verdicts(*files)
+    assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
+    assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
+    for warning in re.findall(r"^Warning: .*", plan.stdout, re.M):  # and the same warnings
+        assert warning in dry.stdout + dry.stderr
+
+
+@pytest.mark.parametrize("kind", BAD)
+def test_a_config_with_each_kind_of_problem_is_refused_by_both_naming_it(tmp_path, kind):
+    base, edit, named = BAD[kind]
+    path = str(write_config(tmp_path, base, lambda c: edit(c, tmp_path)))
+    plan, dry = _verdicts(path)
+    assert plan.returncode != 0 and dry.returncode != 0
+    for out in (plan.stdout + plan.stderr, dry.stdout + dry.stderr):
+        assert named in out and f"{path}: " in out, out[-3000:]
+
+
+def test_a_site_file_merges_into_the_paper_config_as_a_second_configfile(tmp_path):
+    """config/site.example.yaml, passed after config/paper.yaml: every job gets its partition and account
+    (the CPU-only jobs their own partition), the paper's other `slurm` and `resources` keys are kept,
+    and a misspelt key of the site file is refused by both paths, naming both files."""
+    files = ["config/paper.yaml", "config/site.example.yaml"]
+    proc = snakemake("-n", "--forceall", "--nolock", "--profile", "slurm", "--configfile", *files)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    planned = [(rule, re.search(r"resources: (.*)", text).group(1)) for rule, text in jobs(out) if rule != "all"]
+    assert Counter(rule for rule, _ in planned)["train"] == 15
+    for rule, res in planned:
+        gpu_job = re.search(r"(^|, )gpu=\d", res)
+        assert f"slurm_partition={'gpu' if gpu_job else 'cpu'}" in res and "slurm_account=my-lab" in res, (rule, res)
+    assert "runtime=2880" in dict(planned)["train"] and "Slurm: no" not in out
+    plan = process.run([sys.executable, "-m", "bfspo.cli", "plan", "--config", *files], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    rows = [line for line in plan.stdout.splitlines() if line.startswith("train ")]
+    assert plan.returncode == 0 and len(rows) == 15 and all(row.endswith(" gpu") for row in rows)
+    site = tmp_path / "site.yaml"
+    site.write_text("slurm:\n  acount: lab\n")
+    plan, dry = _verdicts("config/paper.yaml", str(site))
+    for refused in (plan, dry):
+        assert refused.returncode != 0
+        assert f"config/paper.yaml + {site}: slurm: unknown key 'acount'; did you mean 'account'?" in (
+            refused.stdout + refused.stderr)

@@ -1,6 +1,6 @@
 """The decoding protocol of one evaluation (token budget, samples per question, temperature), checked
 alike by `bfspo evaluate` before it imports torch (`protocol_of`, bfspo/evaluation/cli.py) and by
-the workflow's plan (bfspo.preflight) before any job is submitted."""
+the workflow's plan (bfspo.pipeline.preflight) before any job is submitted."""
 
 from __future__ import annotations
 

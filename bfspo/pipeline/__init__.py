@@ -11,8 +11,11 @@ rehearsal, toy) imports it.
 - memory.py, throughput.py: the memory terms and the time model, pure functions of the shapes;
 - gpu_plan.py: one plan per job (peak memory, GPU-hours, checkpoint size, time limit, warning
   signal, checkpoint interval) and the refusal of a job that cannot fit its GPU;
+- preflight.py: what every job would refuse, checked when the workflow is planned;
+- schedule.py: the critical path of the planned jobs and the GPUs they hold at once;
+- plan.py: the one planning path, every plan-time check in order (`plan`);
 - cli.py: `bfspo plan`.
 
-workflow/rules/common.smk is the adapter: it validates the config with Snakemake's `validate` and
-calls into this package.
+workflow/rules/common.smk is the adapter: it calls `plan.plan` as `bfspo plan` does, refuses what
+it refuses, and hands the rules this package's answers.
 """

@@ -1,8 +1,9 @@
 """`bfspo plan`: the GPU plan of every train and evaluate job of a workflow config, as a table.
 
-    bfspo plan --config config/paper.yaml                 # as the config's size classes say
-    bfspo plan --config config/paper.yaml --gpu-mem-gb 40  # every job against a 40 GB card
-    bfspo plan --config config/paper.yaml --verbose        # and every job's terms, one line each
+    bfspo plan --config config/paper.yaml                   # as the config's size classes say
+    bfspo plan --config config/paper.yaml config/site.yaml  # merged as snakemake --configfile A B
+    bfspo plan --config config/paper.yaml --gpu-mem-gb 40   # every job against a 40 GB card
+    bfspo plan --config config/paper.yaml --verbose         # and every job's terms, one line each
 
 One row per job, grouped by the paper table that first shows it (a job shared with an earlier table
 is counted there): its GPUs, its peak memory per GPU and the phase that peaks, its time, the time
@@ -12,9 +13,12 @@ GPU-hours per BFS-PO run. With --verbose, first the throughput assumptions and e
 its peak memory term by term, in the phase that peaks (the update with vLLM asleep, or the
 rescoring forward with vLLM awake; the update with vLLM resident alongside), the activations with
 and without gradient checkpointing, vLLM's share (weights and KV cache), the time per step, the
-checkpoint size and interval, and the warning signal. A job that cannot fit is named with its
-largest term, and the command exits with status 1, as Snakemake refuses it. The last line says
-which of the Slurm partition and account the config leaves to the cluster.
+checkpoint size and interval, and the warning signal. After the totals, the critical path (hours,
+along the DAG's dependencies) and the peak of GPUs held at once at the Slurm profile's `jobs`.
+The checks are Snakemake's own (bfspo/pipeline/plan.py): a config that it refuses exits with
+status 1 here (2 where nothing can be planned), the refusal printed as Snakemake prints it, and
+its warnings are printed too. The last line says which of the Slurm partition and account the
+config leaves to the cluster.
 """
 
 from __future__ import annotations
@@ -22,12 +26,12 @@ from __future__ import annotations
 import argparse
 
 from bfspo.errors import BfspoError
-from bfspo.pipeline import chains, jobs, slurm
+from bfspo.pipeline import jobs, schedule, slurm
 from bfspo.pipeline.gpu_plan import (CHECKPOINT_BYTES_S, CUDA_CONTEXT, HEAD_CHUNK_ROWS, SAFETY, VLLM_ASLEEP, EvalPlan,
-                                     TrainPlan, largest_micro_batch, plan_matrix)
-from bfspo.pipeline.matrix import Matrix, load_config
-from bfspo.pipeline.schema import ConfigProblems, located
+                                     TrainPlan, largest_micro_batch)
 from bfspo.pipeline.memory import GIB
+from bfspo.pipeline.matrix import Matrix, read_configs
+from bfspo.pipeline.plan import plan
 from bfspo.pipeline.throughput import ASSUMPTIONS
 
 # The paper's compute per BFS-PO run (App. C: 8 A100s for 12 h on GSM8K, 24 h on MATH), by train set.
@@ -189,8 +193,24 @@ def micro_batch_lines(m: Matrix, plans, gpu_mem_gb: float | None) -> list[str]:
     return lines
 
 
+def schedule_lines(plans, slots: int | None) -> list[str]:
+    """The critical path of the planned jobs (hours, along the DAG's dependencies) and the GPUs they
+    hold at once when the Slurm profile runs `slots` jobs at a time (bfspo/pipeline/schedule.py)."""
+    planned = schedule.plan_jobs(plans)
+    hours, chain = schedule.critical_path(planned)
+    t = schedule.simulate(planned, slots)
+    at_once = f"{slots} jobs at once (slurm/config.yaml: jobs)" if slots else "every job at once (no profile)"
+    return [f"Critical path: {hours:,.1f} h, without the queue's wait, the data preparation and the tables:",
+            "  " + " -> ".join(f"{j.name} {j.hours:,.1f} h" for j in chain),
+            f"Peak GPUs at {at_once}: {t.peak_gpus}, from {t.peak_at:,.1f} h ({len(t.peak_jobs)} jobs, "
+            f"{sum(j.startswith('train ') for j in t.peak_jobs)} of them training); the last job ends at "
+            f"{t.makespan:,.1f} h"]
+
+
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="config/config.yaml", help="workflow config (default: config/config.yaml)")
+    p.add_argument("--config", nargs="+", action="extend", metavar="FILE",
+                   help="workflow config file(s), merged as `snakemake --configfile A B` merges them: a later "
+                        "file's keys replace an earlier one's, mapping by mapping (default: config/config.yaml)")
     p.add_argument("--gpu-mem-gb", type=float, help="plan every job for a GPU of this many GiB instead of its "
                                                     "class's gpu_mem_gb (e.g. 40)")
     p.add_argument("--verbose", action="store_true", help="also the throughput assumptions and every job's "
@@ -198,19 +218,18 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    config = load_config(args.config)
-    try:
-        m = Matrix(config)
-    except ConfigProblems as e:
-        raise BfspoError(located(e, args.config)) from None
-    plans = plan_matrix(m, gpu_mem_gb=args.gpu_mem_gb)
+    files = args.config or ["config/config.yaml"]
+    p = plan(read_configs(files), files, gpu_mem_gb=args.gpu_mem_gb)
+    m, plans = p.matrix, p.jobs
+    if plans is None:  # stopped before the GPU plan: the config itself, or what every job would refuse
+        raise BfspoError(p.refusal)
     if args.verbose:
         print(assumptions_text())
         print()
-        for p in plans.train.values():
-            print(train_line(p))
-        for p in plans.eval.values():
-            print(eval_line(p))
+        for tp in plans.train.values():
+            print(train_line(tp))
+        for ep in plans.eval.values():
+            print(eval_line(ep))
         print()
     if plans.train or plans.eval:
         print("\n".join(table_lines(m, plans)))
@@ -222,18 +241,17 @@ def run(args) -> int:
     print("\n".join(summary_lines(m, plans)))
     if plans.train:
         print("\n".join(micro_batch_lines(m, plans, args.gpu_mem_gb)))
-    short = chains.warning(chains.shortfalls(m))
-    if short:
-        print("\n" + short)
+    if plans.train or plans.eval:
+        print("\n".join(schedule_lines(plans, jobs.profile_jobs())))
+    for warning in p.warnings:
+        print("\n" + warning)
     if not args.verbose:
         print("(the assumptions, and every job's memory and time term by term: bfspo plan --verbose)")
-    errors = plans.errors()
-    if errors:
-        print("\nJobs that cannot run:\n  " + "\n  ".join(errors))
+    if p.problems:
+        print("\nRefused, as `snakemake -n` refuses it:\n" + p.refusal)
     else:
         print("\nEvery planned job fits its GPU." if plans.train or plans.eval else
               "\nNo job is planned: no GPU class runs a model whose shapes are known before the run.")
-    unset = slurm.unset_line(config, args.config)
-    if unset:
-        print(unset)
-    return 1 if errors else 0
+    if p.unset:
+        print(p.unset)
+    return 1 if p.problems else 0

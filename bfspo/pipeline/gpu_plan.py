@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-from bfspo.errors import BfspoError
 from bfspo.pipeline import jobs, memory
 from bfspo.pipeline.matrix import Matrix
 from bfspo.pipeline.memory import GIB
@@ -286,8 +285,7 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
     total_s = cfg.steps * (step_s + ckpt_s / save_every)
     signal_s = min(SIGNAL_MAX_S, math.ceil(SAFETY * (step_s + ckpt_s)))
     runtime_min = min(cap_min, max(MIN_RUNTIME_MIN, math.ceil(SAFETY * (start + total_s + signal_s) / 60)))
-    usable_s = runtime_min * 60 - start - signal_s
-    attempts = math.ceil(total_s / usable_s) if usable_s > 0 else 0
+    attempts = attempts_within(total_s, start, signal_s, runtime_min)
     gpu_hours = (total_s + attempts * start) * gpus * nodes / 3600
     return TrainPlan(
         run=run, shape=s, gpus=gpus, nodes=nodes, gpu_mem=card, checked=gpu_mem is not None, micro_batch_tokens=T,
@@ -404,6 +402,13 @@ class Plans:
         return out
 
 
+def attempts_within(train_s: float, start_s: float, signal_s: int, runtime_min: int) -> int:
+    """Attempts a run of `train_s` seconds of training needs with a time limit of `runtime_min`:
+    each attempt trains for the limit less its start and the warning (0: not one step's room)."""
+    usable_s = runtime_min * 60 - start_s - signal_s
+    return math.ceil(train_s / usable_s) if usable_s > 0 else 0
+
+
 def runtime_for_attempts(p: TrainPlan, attempts: int) -> int:
     """The shortest time limit (min) with which the run needs at most `attempts` attempts: each
     attempt trains for the limit less its start and the warning."""
@@ -430,10 +435,3 @@ def plan_matrix(m: Matrix, a: Assumptions = ASSUMPTIONS, gpu_mem_gb: float | Non
         if plannable(m, run, "eval"):
             plans.eval[(run, bench)] = plan_eval(m, run, bench, a, gpu_mem_gb)
     return plans
-
-
-def check(m: Matrix, plans: Plans) -> None:
-    """Raise a BfspoError naming every job that cannot run (`Plans.errors`)."""
-    errors = plans.errors()
-    if errors:
-        raise BfspoError("jobs that cannot fit (bfspo plan prints every term):\n  " + "\n  ".join(errors))

@@ -17,17 +17,29 @@ from bfspo.toy import numerics
 
 STAGES = ("train", "eval")
 # The Slurm profile (`snakemake --profile slurm`): its `retries` bound the attempts of a training
-# run that needs several time limits (gpu_plan.Plans.errors).
+# run that needs several time limits (gpu_plan.Plans.errors), its `jobs` how many run at once.
 PROFILE = Path(__file__).resolve().parents[2] / "slurm" / "config.yaml"
 
 
-def profile_attempts(profile: Path = PROFILE) -> int | None:
-    """Attempts a job gets under the Slurm profile: its `retries` + 1 (None: no profile at hand)."""
+def profile_settings(profile: Path = PROFILE) -> dict | None:
+    """The Slurm profile's settings (None: no profile at hand)."""
     if not profile.is_file():
         return None
     import yaml
 
-    return int((yaml.safe_load(profile.read_text()) or {}).get("retries", 0)) + 1
+    return yaml.safe_load(profile.read_text()) or {}
+
+
+def profile_attempts(profile: Path = PROFILE) -> int | None:
+    """Attempts a job gets under the Slurm profile: its `retries` + 1 (None: no profile at hand)."""
+    settings = profile_settings(profile)
+    return None if settings is None else int(settings.get("retries", 0)) + 1
+
+
+def profile_jobs(profile: Path = PROFILE) -> int | None:
+    """Jobs the Slurm profile lets run at once, its `jobs` (None: no profile, or no limit set)."""
+    settings = profile_settings(profile)
+    return None if settings is None or settings.get("jobs") is None else int(settings["jobs"])
 
 
 def gpus(m: Matrix, run: str, stage: str) -> int:

@@ -46,17 +46,29 @@ def normalise_numbers(config: dict) -> None:
                 block[key] = float(value)
 
 
+def read_configs(paths) -> dict:
+    """Workflow config files merged as `snakemake --configfile A B` merges them
+    (snakemake.utils.update_config: a later file's mapping updates an earlier one's key by key, at
+    every depth; any other value replaces). Not yet normalised nor validated."""
+    import yaml
+    from snakemake.utils import update_config
+
+    config: dict = {}
+    for path in paths:
+        try:
+            one = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError([f"cannot read {path}: {e}"]) from None
+        if not isinstance(one, dict):
+            raise ConfigError([f"{path}: a workflow config is a YAML mapping"])
+        update_config(config, one)
+    return config
+
+
 def load_config(path: str | Path, schema: str | Path = SCHEMA) -> dict:
     """A workflow config file as the workflow reads it: YAML, numbers normalised, validated against
     the schema with its defaults filled in (`validate_config`, as workflow/rules/common.smk)."""
-    import yaml
-
-    try:
-        config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError([f"cannot read {path}: {e}"]) from None
-    if not isinstance(config, dict):
-        raise ConfigError([f"{path}: a workflow config is a YAML mapping"])
+    config = read_configs([path])
     normalise_numbers(config)
     try:
         validate_config(config, schema)
@@ -179,6 +191,11 @@ class Matrix:
 
     # ---- runs and tables ------------------------------------------------------------------------
 
+    def done(self, run: str) -> str:
+        """The marker of a finished training run, written last (bfspo/training/trainer.py); a
+        Snakemake pattern where `run` is a wildcard (`{run}`)."""
+        return f"{self.results}/runs/{run}/done.json"
+
     def summary(self, run: str, benchmark: str) -> str:
         return f"{self.results}/eval/{run}/{benchmark}/summary.json"
 
@@ -204,7 +221,7 @@ class Matrix:
 
     def table_runs(self, table: str) -> list[str]:
         """The done.json markers of a table's training runs (figures read their metrics and trees)."""
-        return [f"{self.results}/runs/{r}/done.json" for r, spec in self.runs.items() if self._in_table(spec, table)]
+        return [self.done(r) for r, spec in self.runs.items() if self._in_table(spec, table)]
 
     def tables_of(self, run: str) -> list[str]:
         """Every table that shows a training run, or, for a zero-shot run id, its model."""

@@ -1,8 +1,9 @@
 """What a job asks Slurm for besides its size: the config's `slurm` keys, resolved for one job, as
 the resources of snakemake-executor-plugin-slurm (config/README.md, "slurm").
 
-- `partition`, `account`, `qos`, `reservation` and `extra` apply to every job; `constraint` and
-  `gpu_type` describe a GPU node and apply to GPU jobs only;
+- `partition`, `account`, `qos`, `reservation`, `extra` and `max_runtime` (the partition's time
+  limit in minutes, which the plan holds every job to: bfspo/pipeline/plan.py) apply to every job;
+  `constraint` and `gpu_type` describe a GPU node and apply to GPU jobs only;
 - `cpu` replaces any of them for the CPU-only jobs (prepare, tables, figures, report, and the
   train and evaluate jobs of a class with `gpus: 0`);
 - `sizes.<class>` replaces any of them for the train and evaluate jobs of that size class (a
@@ -21,7 +22,7 @@ from __future__ import annotations
 import re
 import shlex
 
-JOB_KEYS = ("partition", "account", "qos", "reservation", "constraint", "gpu_type", "extra")
+JOB_KEYS = ("partition", "account", "qos", "reservation", "constraint", "gpu_type", "extra", "max_runtime")
 GPU_NODE_KEYS = ("constraint", "gpu_type")  # what a CPU-only job leaves out, unless `cpu` sets it
 # The plugin's resources that these keys become (and `gpu`/`gres`, `slurm_extra`).
 RESOURCES = {"partition": "slurm_partition", "account": "slurm_account", "qos": "qos", "constraint": "constraint"}

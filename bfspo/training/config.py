@@ -427,7 +427,7 @@ def unknown_key(key: str) -> str:
 def config_from_values(values: dict) -> TrainConfig:
     """A TrainConfig from a mapping of its fields, as a YAML config or `--set` overrides give them (a
     number may come as a string); unknown or missing keys and values of the wrong type are errors.
-    The workflow checks every planned run through this too (bfspo.preflight)."""
+    The workflow checks every planned run through this too (bfspo.pipeline.preflight)."""
     values = dict(values)
     known = {f.name: f for f in fields(TrainConfig)}
     unknown = sorted(set(values) - set(known), key=str)

@@ -1,5 +1,5 @@
-"""The adapter between Snakemake and the planning: validate the config, then hand it to
-bfspo/pipeline (the experiment matrix, and each job's settings, arguments and resources), which
+"""The adapter between Snakemake and the planning: plan the config (bfspo/pipeline/plan.py), then hand
+the rules bfspo/pipeline's answers (the experiment matrix, each job's settings, arguments, resources), which
 tests import directly. Only what speaks Snakemake's language (wildcards, outputs, errors) is here.
 """
 
@@ -11,46 +11,34 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
-from bfspo.errors import BfspoError
-from bfspo.pipeline import chains, gpu_plan, jobs, slurm
-from bfspo.pipeline.matrix import (
-    PREPARED_SPLITS,
-    TOY_DATA_FILES,
-    Matrix,
-    alternation as _alternation,
-    normalise_numbers,
-    toy_data_args,
-)
-from bfspo.pipeline.schema import ConfigProblems, located, validate_config, verbose
-from bfspo.preflight import plan_problems
-from bfspo.reporting.owner import config_id, owner_problems
+from bfspo.pipeline import jobs
+from bfspo.pipeline.matrix import PREPARED_SPLITS, TOY_DATA_FILES, alternation as _alternation, toy_data_args
+from bfspo.pipeline.plan import plan
+from bfspo.pipeline.schema import verbose
+
+# Every plan-time check, as `bfspo plan` runs them (bfspo/pipeline/plan.py): the config validated
+# (defaults filled in), the matrix, what every job would refuse, tables of another config, the GPU
+# plan and the partition's time limit. A problem stops the plan, `snakemake -n` included.
+PLAN = plan(config, workflow.configfiles, os.path.join(workflow.current_basedir, "..", "schemas", "config.schema.yaml"))
+if PLAN.problems:
+    if verbose():  # and Snakemake's report of where the workflow stopped (this file and line)
+        raise WorkflowError(PLAN.refusal)
+    sys.exit(PLAN.refusal)
+for _warning in PLAN.warnings:
+    logger.warning(_warning)
+MATRIX, PLANS = PLAN.matrix, PLAN.jobs
+CONFIG_ID = PLAN.owner  # the config files that the tables record as theirs (bfspo/reporting/owner.py)
 
 
-def _as_typed(path):
-    """A config file's path relative to the working directory (`config/paper.yaml`) where it is below it."""
-    relative = os.path.relpath(path)
-    return str(path) if relative.startswith("..") else relative
+def _submitting_dry_run():
+    """A dry run of jobs that would be submitted (`--profile slurm -n`): Snakemake fills in default
+    resources for a remote executor (the profile sets its own); a local dry run has none."""
+    return workflow.dryrun and workflow.resource_settings.default_resources is not None
 
 
-# The config files, as typed, that every refusal of the config and the unset-partition line name.
-CONFIG_SOURCE = " + ".join(map(_as_typed, workflow.configfiles)) or "the config"
-
-
-def refuse(error):
-    """Stop the plan: the problems, each after the config file's name. Snakemake's report of where
-    the workflow stopped (this file and line) only under BFSPO_VERBOSE=1."""
-    message = located(error, CONFIG_SOURCE)
-    if verbose():
-        raise WorkflowError(message) from None
-    sys.exit(message)
-
-
-normalise_numbers(config)
-try:
-    validate_config(config, os.path.join(workflow.current_basedir, "..", "schemas", "config.schema.yaml"))
-    MATRIX = Matrix(config)
-except BfspoError as e:
-    refuse(e)
+# Such a dry run ends saying which of partition and account are unset (printed when Snakemake exits).
+if PLAN.unset:
+    atexit.register(lambda: _submitting_dry_run() and print(PLAN.unset))
 
 # Conda environment of every rule (`--sdm conda`); without it the rules use the active venv.
 CONDA_ENV = "../envs/bfspo.yaml"
@@ -63,42 +51,7 @@ RUN_RE = _alternation(RUNS)
 EVAL_RUN_RE = _alternation(list(RUNS) + list(MATRIX.zero_shot_runs))
 TABLE_RE = _alternation(config["tables"])
 
-# Refuse at plan time what every job would refuse: each run's settings (through TrainConfig), each
-# evaluation's protocol and budget, and a model path that names no model folder (bfspo/preflight.py).
-_PROBLEMS = plan_problems({r: jobs.train_settings(MATRIX, r) for r in RUNS}, [
-    dict(config["benchmarks"][c["benchmark"]], benchmark=c["benchmark"], model=config["models"][m]["path"])
-    for spec in config["tables"].values() for m in spec["models"] for c in spec["columns"]],
-    MATRIX.built_model_paths())
-if _PROBLEMS:
-    refuse(ConfigProblems(_PROBLEMS))
-# A table that another config built in the same results folder is refused, not overwritten.
-CONFIG_ID = config_id(workflow.configfiles)
-_OWNERS = owner_problems(f"{RESULTS}/tables", config["tables"], CONFIG_ID)
-if _OWNERS:
-    refuse(BfspoError("\n".join(_OWNERS)))
-try:
-    PLANS = gpu_plan.plan_matrix(MATRIX)  # peak memory and time of every GPU job (`bfspo plan` prints them)
-    gpu_plan.check(MATRIX, PLANS)
-except BfspoError as e:
-    refuse(e)
-
-
-def _submitting_dry_run():
-    """A dry run of jobs that would be submitted (`--profile slurm -n`): Snakemake fills in default
-    resources for a remote executor (the profile sets its own); a local dry run has none."""
-    return workflow.dryrun and workflow.resource_settings.default_resources is not None
-
-
-# Such a dry run ends saying which of partition and account are unset (printed when Snakemake exits).
-_UNSET = slurm.unset_line(config, CONFIG_SOURCE)
-if _UNSET:
-    atexit.register(lambda: _submitting_dry_run() and print(_UNSET))
-
-# An arm whose whole trees cannot fill its chains per batch or optimizer step is named, not refused.
-_CHAINS = chains.warning(chains.shortfalls(MATRIX))
-if _CHAINS:
-    logger.warning(_CHAINS)
-
+done = MATRIX.done
 summary = MATRIX.summary
 table_summaries = MATRIX.table_summaries
 table_runs = MATRIX.table_runs

@@ -11,7 +11,7 @@ rule evaluate:
     input:
         data=lambda wc: config["benchmarks"][wc.benchmark]["data"],
         model=lambda wc: model_inputs(model_of(wc.run)),
-        run=lambda wc: [f"{RESULTS}/runs/{wc.run}/done.json"] if wc.run in RUNS else [],
+        run=lambda wc: [done(wc.run)] if wc.run in RUNS else [],
     output:
         summary("{run}", "{benchmark}"),
     log:

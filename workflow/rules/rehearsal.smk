@@ -54,7 +54,7 @@ if "stand_ins" in config:
     rule rehearsal_check:
         input:
             tables=expand(f"{RESULTS}/tables/{{table}}.{{ext}}", table=config["tables"], ext=["csv", "md"]),
-            runs=expand(f"{RESULTS}/runs/{{run}}/done.json", run=RUNS),
+            runs=[done(run) for run in RUNS],
         output:
             f"{RESULTS}/rehearsal_check.json",
         log:

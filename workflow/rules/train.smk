@@ -16,7 +16,7 @@ rule train:
         val_data=lambda wc: config["train_sets"][RUNS[wc.run]["train_set"]].get("val_data", []),
         model=lambda wc: model_inputs(RUNS[wc.run]["model"]),
     output:
-        f"{RESULTS}/runs/{{run}}/done.json",
+        done("{run}"),
     log:
         TRAIN_LOG,
     benchmark:
