@@ -390,3 +390,41 @@ def test_evaluate_and_train_run_again_on_a_model_changed_in_any_file_it_loads(ti
     assert read_json(tmp_path / "eval" / "summary.json")["settings"]["fingerprints"]["model"] != first
     assert (tmp_path / "eval" / "previous" / "1" / "summary.json").is_file()
     assert (tmp_path / "run" / "previous" / "1" / "done.json").is_file()
+
+
+# ---- issue 46, finding 3: a local model replaced in place after a finished DAG reruns its jobs -------
+
+
+@pytest.mark.slow
+def test_snakemake_reruns_the_jobs_of_a_local_model_replaced_in_place(tiny_model_dir, tmp_path):
+    """The probe's "Nothing to be done" after other weights were written over a finished DAG's local
+    model: the rules take the model's cheap key (sizes and mtimes) as a parameter, so the dry run names
+    the evaluation as changed, and the rerun scores the new weights."""
+    import subprocess
+    import sys
+
+    from bfspo.io import read_json
+    from tests.helpers import process
+    from tests.test_workflow import workflow_copy, write_config
+
+    env = workflow_copy(tmp_path)
+    model = tmp_path / "outside-model"
+    shutil.copytree(tiny_model_dir, model)
+    config = write_config(tmp_path, "config/test.yaml", lambda c: c["models"]["toy-test"].update(path=str(model)))
+    target = "results/eval/toy-test_zero-shot/toy/summary.json"
+
+    def snakemake(*args) -> subprocess.CompletedProcess:
+        proc = process.run([sys.executable, "-m", "snakemake", target, "--cores", "1", "--configfile", str(config),
+                            *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        return proc
+
+    snakemake()
+    first = read_json(tmp_path / target)["settings"]["fingerprints"]["model"]
+    assert "Nothing to be done" in snakemake("-n").stdout
+    weights = model / "model.safetensors"
+    weights.write_bytes(_scaled_weights(weights))
+    dry = snakemake("-n")
+    assert "rule evaluate:" in dry.stdout and "Params have changed since last execution" in dry.stdout, dry.stdout
+    snakemake()
+    assert read_json(tmp_path / target)["settings"]["fingerprints"]["model"] != first
