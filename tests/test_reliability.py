@@ -661,3 +661,32 @@ def test_the_same_bytes_under_other_paths_are_the_same_run(finished, tiny_model_
     out = capsys.readouterr().out
     assert "its inputs changed since the run there was made (train_data (rl.jsonl, train.jsonl))" in out
     assert (run / "previous" / "1" / "done.json").exists() and read_json(run / "config.json")["train_data"] == str(data)
+
+
+# ---- issue 46, finding 6: a damaged config.json of a local model is named at plan time ----------------
+
+
+@pytest.mark.parametrize("damage, named", [
+    (b"\xff\xfe{}", "/config.json: not UTF-8 text (byte 1)"),
+    (b"[1]", "/config.json: expected a JSON object, got list"),
+    (b"[" * 100_000, "/config.json: JSON nested more than 100 levels deep"),
+    (b'{"model_type": "qwen2", "hidden_size": 0, "intermediate_size": 64, "num_hidden_layers": 2, '
+     b'"num_attention_heads": 4, "vocab_size": 320, "max_position_embeddings": 512}',
+     ": config.json lacks a positive integer hidden_size"),
+])
+def test_plan_names_a_damaged_config_json_of_a_local_model(tiny_model_dir, tmp_path, damage, named, capsys):
+    """`bfspo plan` (and `snakemake -n`, which plans the same way) gave a UnicodeDecodeError, an
+    AttributeError or a RecursionError traceback."""
+    import yaml
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "config.json").write_bytes(damage)
+    cfg = yaml.safe_load((ROOT / "config/test.yaml").read_text())
+    cfg["models"]["toy-test"]["path"] = str(model)
+    cfg["resources"]["cpu"] = {"gpus": 1, "eval_gpus": 1, "cpus_per_gpu": 4, "mem_mb": 16000, "train_runtime": 60,
+                               "eval_runtime": 15}  # a GPU class: its jobs are planned from the model's shapes
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    assert main(["plan", "--config", str(config)]) == 2
+    assert f"{model}{named}" in capsys.readouterr().err
