@@ -690,3 +690,21 @@ def test_plan_names_a_damaged_config_json_of_a_local_model(tiny_model_dir, tmp_p
     config.write_text(yaml.safe_dump(cfg))
     assert main(["plan", "--config", str(config)]) == 2
     assert f"{model}{named}" in capsys.readouterr().err
+
+
+# ---- issue 46, low: a truncated samples.jsonl beside an intact summary.json is not "already done" ------
+
+
+def test_an_evaluation_whose_samples_were_truncated_is_not_done(tiny_model_dir, tmp_path, capsys):
+    data = write_rows(tmp_path / "gsm8k.jsonl", QUESTIONS)
+    out = tmp_path / "eval"
+    assert evaluate(tiny_model_dir, data, out) == 0
+    samples = (out / "samples.jsonl").read_bytes()
+    assert evaluate(tiny_model_dir, data, out) == 0
+    assert "already done with these settings" in capsys.readouterr().out
+    (out / "samples.jsonl").write_bytes(samples[:len(samples) // 2])
+    assert evaluate(tiny_model_dir, data, out) == 0
+    said = capsys.readouterr().out
+    assert "already done" not in said and "(a samples.jsonl that is not the one it recorded)" in said
+    assert (out / "samples.jsonl").read_bytes() == samples  # evaluated again: greedy, the same answers
+    assert (out / "previous" / "1" / "samples.jsonl").read_bytes() == samples[:len(samples) // 2]
