@@ -708,3 +708,19 @@ def test_an_evaluation_whose_samples_were_truncated_is_not_done(tiny_model_dir, 
     assert "already done" not in said and "(a samples.jsonl that is not the one it recorded)" in said
     assert (out / "samples.jsonl").read_bytes() == samples  # evaluated again: greedy, the same answers
     assert (out / "previous" / "1" / "samples.jsonl").read_bytes() == samples[:len(samples) // 2]
+
+
+# ---- issue 46, low: `threads` changes the adapter's bytes, and the docs say so -------------------------
+
+
+def test_the_docs_do_not_list_threads_among_the_settings_that_change_nothing():
+    """The probe: `threads=2` trained other adapter bytes, while docs/workflow.md listed `threads` with the
+    memory-only settings. It stays out of a run's identity (the workflow sets it from a job's class), and
+    the doc says what it changes."""
+    from bfspo.training.config import OBSERVATION_FIELDS
+
+    doc = (ROOT / "docs/workflow.md").read_text()
+    row = next(line for line in doc.splitlines() if line.startswith("| only `OBSERVATION_FIELDS` differ"))
+    unchanged, _, rounding = row.partition("how sums are rounded")
+    assert "threads" in OBSERVATION_FIELDS and "`threads`" not in unchanged and "`threads`" in rounding
+    assert "**Threads are not identity, though they change the bytes.**" in doc
