@@ -428,3 +428,31 @@ def test_snakemake_reruns_the_jobs_of_a_local_model_replaced_in_place(tiny_model
     assert "rule evaluate:" in dry.stdout and "Params have changed since last execution" in dry.stdout, dry.stdout
     snakemake()
     assert read_json(tmp_path / target)["settings"]["fingerprints"]["model"] != first
+
+
+def test_a_hub_repository_holding_an_adapter_is_refused(tmp_path, monkeypatch):
+    """transformers loads a hub id holding adapter_config.json as the base model that the adapter names,
+    from elsewhere: what the fingerprint would cover is not what is loaded."""
+    from huggingface_hub import constants
+
+    snapshot = _hub_cache(tmp_path, b"weights")
+    (snapshot.parent.parent / "blobs" / ("d" * 40)).write_text('{"base_model_name_or_path": "org/other"}')
+    (snapshot / "adapter_config.json").symlink_to(f"../../blobs/{'d' * 40}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("BFSPO_CACHE", str(tmp_path / "bfspo-cache"))
+    with pytest.raises(BfspoError, match="org/tiny: a hub repository holding a peft adapter"):
+        fingerprint.model_inputs("org/tiny")
+    assert "adapter_config.json" in fingerprint.model_inputs(str(snapshot))["model"]  # a folder loads its own base
+
+
+def test_a_model_key_needs_no_model_yet(tiny_model_dir, tmp_path):
+    """The rules' key is computed when Snakemake plans, before a model is built or for a hub id: no key."""
+    assert fingerprint.model_key("org/tiny") == fingerprint.model_key(str(tmp_path / "not-built")) == ""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    key = fingerprint.model_key(str(model))
+    (model / "README.md").write_text("notes")  # not a file the fingerprint covers
+    assert fingerprint.model_key(str(model)) == key
+    (model / "model.safetensors.index.json").write_text("[")  # damaged: keyed, for the job to name
+    assert fingerprint.model_key(str(model)) not in ("", key)
