@@ -56,7 +56,7 @@ def _from_pretrained(loader, name: str, **kw):
     except SafetensorError as e:
         files = ", ".join(sorted(p.name for p in Path(name).expanduser().glob("*.safetensors"))) or "a weights file"
         raise BfspoError(f"{name}: {files}: damaged or truncated ({e}); copy the model again") from None
-    except (RuntimeError, torch.OutOfMemoryError) as e:
+    except RuntimeError as e:  # torch's allocators: a model too large for the memory, CUDA's or the host's
         if "allocate" not in str(e):
             raise
         raise BfspoError(f"{name}: not enough memory for the model its config.json describes "

@@ -160,3 +160,21 @@ def test_a_huge_vocab_size_is_named_not_an_allocation_traceback(tiny_model_dir, 
     assert main(["evaluate", "--model", str(model), "--benchmark", "gsm8k", "--data", str(data), "--out-dir",
                  str(tmp_path / "eval"), "--budget", "4"]) == 2
     assert "with vocab_size 1000000000000" in capsys.readouterr().err
+
+
+def test_a_model_too_large_for_the_memory_is_named():
+    """A config whose weights agree with it, but too large to allocate: torch's allocation error, named;
+    another RuntimeError is not mistaken for it."""
+    from bfspo.model_io import _from_pretrained
+
+    class Loader:
+        @staticmethod
+        def from_pretrained(message, **kw):
+            raise RuntimeError(message)
+
+    with pytest.raises(BfspoError, match="not enough memory for the model its config.json describes .*you tried to "
+                                         "allocate 128000000000000 bytes"):
+        _from_pretrained(Loader, "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: "
+                                 "you tried to allocate 128000000000000 bytes. Error code 12")
+    with pytest.raises(RuntimeError, match="expected scalar type Float"):
+        _from_pretrained(Loader, "expected scalar type Float but found BFloat16")
