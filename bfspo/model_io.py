@@ -5,7 +5,9 @@ point at the wrong thing (a missing path, a folder that holds no model, a hub id
 cached nor reachable: bfspo/model_source.py; a folder whose config.json asks for its own code, an
 adapter trained on another base model) is a BfspoError naming it. So is a
 model whose weights do not match its config.json (keys missing, unexpected or of another shape, as
-transformers' loading report lists them): loaded anyway, it would be partly random.
+transformers' loading report lists them): loaded anyway, it would be partly random. That check
+runs on the meta device, before any memory is allocated, and names the config.json fields behind a
+tensor of another shape: a damaged `vocab_size: 10**12` is named, not an allocation traceback.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ def _from_pretrained(loader, name: str, **kw):
     except SafetensorError as e:
         files = ", ".join(sorted(p.name for p in Path(name).expanduser().glob("*.safetensors"))) or "a weights file"
         raise BfspoError(f"{name}: {files}: damaged or truncated ({e}); copy the model again") from None
+    except RuntimeError as e:  # torch's allocators: a model too large for the memory, CUDA's or the host's
+        if "allocate" not in str(e):
+            raise
+        raise BfspoError(f"{name}: not enough memory for the model its config.json describes "
+                         f"({str(e).strip().splitlines()[0]})") from None
     except OSError as e:
         if Path(name).expanduser().is_dir():
             raise BfspoError(f"{name}: could not load the model folder ({str(e).splitlines()[0]})") from None
@@ -128,19 +135,26 @@ def load_config(name: str):
     return _from_pretrained(AutoConfig, name)
 
 
-def _check_loading_info(name: str, info: dict) -> None:
+def _fields_of(config: dict, sizes: set[int]) -> str:
+    """The top-level fields of a config whose integer value is among `sizes`: `vocab_size 1000000000000`."""
+    return ", ".join(f"{k} {v}" for k, v in config.items() if type(v) is int and v in sizes)
+
+
+def _check_loading_info(name: str, info: dict, config: dict) -> None:
     """BfspoError unless transformers' loading report of `name` is clean: no weight missing (it would be
-    random), unexpected (the config describes another model) or of another shape. transformers has
-    already dropped what the architecture allows: a tied lm_head, rotary buffers and the like."""
+    random), unexpected (the config describes another model) or of another shape, naming the fields of
+    its config.json (`config`) behind the first such shape. transformers has already dropped what the
+    architecture allows: a tied lm_head, rotary buffers and the like."""
     missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
     mismatched = sorted(info["mismatched_keys"])
     problems = [f"{len(keys)} {what} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
                 for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
     if mismatched:
         key, found, expected = mismatched[0]
+        fields = _fields_of(config, set(expected) - set(found))
         problems.append(f"{len(mismatched)} of another shape ({key} is {list(found)} in the weights, "
                         f"{list(expected)} in the model its config.json describes"
-                        f"{', ...' if len(mismatched) > 1 else ''})")
+                        f"{f' with {fields}' if fields else ''}{', ...' if len(mismatched) > 1 else ''})")
     if problems:
         raise BfspoError(f"{name}: its weights do not match its config.json: {'; '.join(problems)}. A model "
                          "loaded from them would be partly random; copy the model folder again or fix its config.json")
@@ -152,25 +166,27 @@ def check_weights(name: str) -> None:
     from transformers import AutoModelForCausalLM
 
     check_model_source(name)
-    _, info = _from_pretrained(AutoModelForCausalLM, name, device_map="meta", output_loading_info=True,
-                               ignore_mismatched_sizes=True)
-    _check_loading_info(name, info)
+    model, info = _from_pretrained(AutoModelForCausalLM, name, device_map="meta", output_loading_info=True,
+                                   ignore_mismatched_sizes=True)
+    _check_loading_info(name, info, model.config.to_dict())
 
 
 def load_model(name: str, adapter: str | None = None, *, device: str | torch.device | None = None,
                dtype: torch.dtype | None = None, trainable: bool = False):
     """Return (model, tokenizer). With `adapter`, the model is a peft PeftModel (frozen unless
     `trainable`). The model is in eval mode on `device` (default: CUDA if present, else CPU).
-    Weights that do not match the config (missing, unexpected, another shape) are a BfspoError."""
+    Weights that do not match the config (missing, unexpected, another shape) are a BfspoError, found
+    on the meta device (`check_weights`) before the model is allocated."""
     from transformers import AutoModelForCausalLM
 
     device = torch.device(device) if device is not None else default_device()
     if adapter is not None:
         check_adapter(adapter, name)
     tokenizer = load_tokenizer(name)
+    check_weights(name)
     model, info = _from_pretrained(AutoModelForCausalLM, name, dtype=dtype or default_dtype(device),
                                    output_loading_info=True, ignore_mismatched_sizes=True)
-    _check_loading_info(name, info)
+    _check_loading_info(name, info, model.config.to_dict())
     model = model.to(device)
     if adapter is not None:
         from peft import PeftModel

@@ -137,3 +137,44 @@ def test_truncated_weights_are_named(model_copy):
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(BfspoError, match="model.safetensors: damaged or truncated"):
         load_model(str(model_copy))
+
+
+# ---- issue 46, finding 11: a damaged size in config.json is named before anything is allocated -------
+
+
+def test_a_huge_vocab_size_is_named_not_an_allocation_traceback(tiny_model_dir, tmp_path, capsys):
+    """`vocab_size: 10**12` in config.json gave a memory-allocation traceback from `bfspo evaluate`."""
+    import shutil
+
+    from bfspo.cli import main
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"vocab_size": 10**12}))
+    with pytest.raises(BfspoError, match=r"\[1000000000000, 32\] in the model its config.json describes with "
+                                         r"vocab_size 1000000000000"):
+        load_model(str(model), device="cpu")
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(json.dumps({"id": "1", "question": "Tom has 2 apples and buys 3 more. How many?", "answer": "5"}))
+    assert main(["evaluate", "--model", str(model), "--benchmark", "gsm8k", "--data", str(data), "--out-dir",
+                 str(tmp_path / "eval"), "--budget", "4"]) == 2
+    assert "with vocab_size 1000000000000" in capsys.readouterr().err
+
+
+def test_a_model_too_large_for_the_memory_is_named():
+    """A config whose weights agree with it, but too large to allocate: torch's allocation error, named;
+    another RuntimeError is not mistaken for it."""
+    from bfspo.model_io import _from_pretrained
+
+    class Loader:
+        @staticmethod
+        def from_pretrained(message, **kw):
+            raise RuntimeError(message)
+
+    with pytest.raises(BfspoError, match="not enough memory for the model its config.json describes .*you tried to "
+                                         "allocate 128000000000000 bytes"):
+        _from_pretrained(Loader, "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: "
+                                 "you tried to allocate 128000000000000 bytes. Error code 12")
+    with pytest.raises(RuntimeError, match="expected scalar type Float"):
+        _from_pretrained(Loader, "expected scalar type Float but found BFloat16")

@@ -661,3 +661,66 @@ def test_the_same_bytes_under_other_paths_are_the_same_run(finished, tiny_model_
     out = capsys.readouterr().out
     assert "its inputs changed since the run there was made (train_data (rl.jsonl, train.jsonl))" in out
     assert (run / "previous" / "1" / "done.json").exists() and read_json(run / "config.json")["train_data"] == str(data)
+
+
+# ---- issue 46, finding 6: a damaged config.json of a local model is named at plan time ----------------
+
+
+@pytest.mark.parametrize("damage, named", [
+    (b"\xff\xfe{}", "/config.json: not UTF-8 text (byte 1)"),
+    (b"[1]", "/config.json: expected a JSON object, got list"),
+    (b"[" * 100_000, "/config.json: JSON nested more than 100 levels deep"),
+    (b'{"model_type": "qwen2", "hidden_size": 0, "intermediate_size": 64, "num_hidden_layers": 2, '
+     b'"num_attention_heads": 4, "vocab_size": 320, "max_position_embeddings": 512}',
+     ": config.json lacks a positive integer hidden_size"),
+])
+def test_plan_names_a_damaged_config_json_of_a_local_model(tiny_model_dir, tmp_path, damage, named, capsys):
+    """`bfspo plan` (and `snakemake -n`, which plans the same way) gave a UnicodeDecodeError, an
+    AttributeError or a RecursionError traceback."""
+    import yaml
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "config.json").write_bytes(damage)
+    cfg = yaml.safe_load((ROOT / "config/test.yaml").read_text())
+    cfg["models"]["toy-test"]["path"] = str(model)
+    cfg["resources"]["cpu"] = {"gpus": 1, "eval_gpus": 1, "cpus_per_gpu": 4, "mem_mb": 16000, "train_runtime": 60,
+                               "eval_runtime": 15}  # a GPU class: its jobs are planned from the model's shapes
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    assert main(["plan", "--config", str(config)]) == 2
+    assert f"{model}{named}" in capsys.readouterr().err
+
+
+# ---- issue 46, low: a truncated samples.jsonl beside an intact summary.json is not "already done" ------
+
+
+def test_an_evaluation_whose_samples_were_truncated_is_not_done(tiny_model_dir, tmp_path, capsys):
+    data = write_rows(tmp_path / "gsm8k.jsonl", QUESTIONS)
+    out = tmp_path / "eval"
+    assert evaluate(tiny_model_dir, data, out) == 0
+    samples = (out / "samples.jsonl").read_bytes()
+    assert evaluate(tiny_model_dir, data, out) == 0
+    assert "already done with these settings" in capsys.readouterr().out
+    (out / "samples.jsonl").write_bytes(samples[:len(samples) // 2])
+    assert evaluate(tiny_model_dir, data, out) == 0
+    said = capsys.readouterr().out
+    assert "already done" not in said and "(a samples.jsonl that is not the one it recorded)" in said
+    assert (out / "samples.jsonl").read_bytes() == samples  # evaluated again: greedy, the same answers
+    assert (out / "previous" / "1" / "samples.jsonl").read_bytes() == samples[:len(samples) // 2]
+
+
+# ---- issue 46, low: `threads` changes the adapter's bytes, and the docs say so -------------------------
+
+
+def test_the_docs_do_not_list_threads_among_the_settings_that_change_nothing():
+    """The probe: `threads=2` trained other adapter bytes, while docs/workflow.md listed `threads` with the
+    memory-only settings. It stays out of a run's identity (the workflow sets it from a job's class), and
+    the doc says what it changes."""
+    from bfspo.training.config import OBSERVATION_FIELDS
+
+    doc = (ROOT / "docs/workflow.md").read_text()
+    row = next(line for line in doc.splitlines() if line.startswith("| only `OBSERVATION_FIELDS` differ"))
+    unchanged, _, rounding = row.partition("how sums are rounded")
+    assert "threads" in OBSERVATION_FIELDS and "`threads`" not in unchanged and "`threads`" in rounding
+    assert "**Threads are not identity, though they change the bytes.**" in doc

@@ -21,7 +21,9 @@ DIR/samples.partial.jsonl as soon as they are scored: an interrupted evaluation,
 settings, generates only the batches not yet on file and ends with the same samples and summary as
 an uninterrupted one (bfspo.evaluation.progress). Then DIR/samples.jsonl (one row per response) and
 DIR/summary.json, last, are written, each atomically. summary.json records the settings it was
-made with: a rerun with the same settings (and --meta) says it is already done and exits 0, and a
+made with and the SHA-256 of samples.jsonl's bytes (`samples_sha256`): a rerun with the same
+settings (and --meta), whose samples.jsonl still holds those bytes, says it is already done and
+exits 0; one whose samples.jsonl is gone, truncated or rewritten evaluates again, and a
 rerun with other settings moves the finished files, with their W&B run, to a new DIR/previous/<n>/
 (bfspo.history; after its input checks pass, before it generates anything), so that they never
 sit beside a partial output of other settings looking finished, and the new evaluation gets a W&B
@@ -202,6 +204,12 @@ def run(args) -> int:
         return evaluate(args)
 
 
+def samples_intact(out_dir: Path, summary: dict) -> bool:
+    """Whether out_dir/samples.jsonl holds the bytes that `summary` recorded (`samples_sha256`)."""
+    path = out_dir / "samples.jsonl"
+    return path.is_file() and summary.get("samples_sha256") == fingerprint.file_sha256(path)
+
+
 def earlier_summary(out_dir: Path) -> dict:
     """The summary.json of an earlier evaluation in out_dir ({} if there is none, or it is unreadable)."""
     try:
@@ -226,7 +234,7 @@ def set_aside(out_dir: Path, settings: dict, meta: dict) -> None:
     recorded = old.get("settings")
     if isinstance(recorded, dict):
         differ = [k for k in settings if recorded.get(k) != settings[k]] + (["meta"] if old.get("meta") != meta else [])
-        differ = "other " + ", ".join(differ)
+        differ = ("other " + ", ".join(differ)) if differ else "a samples.jsonl that is not the one it recorded"
     else:
         differ = "settings it did not record"
     found = [name for name in EVALUATION_FILES if (out_dir / name).exists()]
@@ -266,7 +274,7 @@ def evaluate(args) -> int:
                 "fingerprints": fingerprints(args, data_print, stamps)}
     settings = json.loads(json.dumps(settings))
     earlier = earlier_summary(args.out_dir)
-    if earlier.get("settings") == settings and earlier.get("meta") == meta:
+    if earlier.get("settings") == settings and earlier.get("meta") == meta and samples_intact(args.out_dir, earlier):
         print(f"{args.out_dir}: already done with these settings (summary.json); delete it to evaluate again")
         return 0
     max_positions = getattr(load_config(args.model), "max_position_embeddings", None)
@@ -313,7 +321,8 @@ def evaluate(args) -> int:
                "engine": args.engine, "seed": args.seed, "data": str(args.data),
                "generation_seconds": round(seconds, 3),
                "generated_tokens_per_s": round(sum(s["num_tokens"] for s in scored) / max(seconds, 1e-9), 1),
-               "meta": meta, "settings": settings}
+               "samples_sha256": fingerprint.file_sha256(args.out_dir / "samples.jsonl"), "meta": meta,
+               "settings": settings}
     fingerprint.check_unchanged(stamps, "the evaluation")  # vLLM loads an adapter at its first request
     if args.wandb_project:
         log_to_wandb(summary, scored, args)

@@ -354,6 +354,16 @@ class Matrix:
         path = self.config["models"][model]["path"]
         return [path] if path in self.built_model_paths() else []
 
+    def model_key(self, model: str) -> str:
+        """A rule parameter that changes when a local model's files are replaced in place
+        (bfspo.fingerprint.model_key: their sizes and modification times), so that Snakemake reruns
+        the jobs of a model it cannot see as an input; each job then compares the content. "" for a
+        model this workflow builds (an input already, rebuilt by its rule) and for a hub id."""
+        from bfspo.fingerprint import model_key
+
+        path = self.config["models"][model]["path"]
+        return "" if path in self.built_model_paths() else model_key(path)
+
     def stand_in_data(self) -> tuple[list[str], int]:
         """What a stand-in's tokenizer and max positions cover: every train set and benchmark, as
         `BENCHMARK=FILE` (the benchmark whose prompt renders the file), and the largest budget."""

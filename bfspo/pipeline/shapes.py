@@ -8,11 +8,11 @@ layout (Qwen2, Llama, Mistral: RMSNorm, grouped-query attention, SwiGLU MLP) are
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from bfspo.errors import BfspoError
+from bfspo.io import read_json
 
 # Where the config.json files of hub models ship, in a source checkout.
 MODELS_DIR = Path(__file__).resolve().parents[2] / "config" / "models"
@@ -60,9 +60,9 @@ def from_config(name: str, cfg: dict) -> Shape:
         raise BfspoError(f"{name}: model_type {model_type!r} is not planned (known: {', '.join(LLAMA_LAYOUT)})")
     keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
             "max_position_embeddings")
-    missing = [k for k in keys if not isinstance(cfg.get(k), int)]
+    missing = [k for k in keys if type(cfg.get(k)) is not int or cfg[k] <= 0]
     if missing:
-        raise BfspoError(f"{name}: config.json lacks {', '.join(missing)}")
+        raise BfspoError(f"{name}: config.json lacks a positive integer {', '.join(missing)}")
     return Shape(
         name=name, hidden=cfg["hidden_size"], intermediate=cfg["intermediate_size"], layers=cfg["num_hidden_layers"],
         heads=cfg["num_attention_heads"], kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
@@ -83,13 +83,10 @@ def config_path(model: str, models_dir: Path = MODELS_DIR) -> Path | None:
 
 def load_shape(model: str, models_dir: Path = MODELS_DIR) -> Shape:
     """The Shape of a model path or hub id (see `config_path`); an unknown model is an error naming
-    where its config.json was looked for."""
+    where its config.json was looked for, and a config.json that is not a readable JSON object (not
+    UTF-8, nested too deeply, not JSON: bfspo.io.read_json) an error naming the file."""
     path = config_path(model, models_dir)
     if path is None:
         raise BfspoError(f"{model}: no config.json in {model}/ nor in {models_dir / model}/; for a hub model, "
                          "add its config.json there (a few kB, no weights)")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise BfspoError(f"{path}: not a readable config.json ({e})") from None
-    return from_config(model, cfg)
+    return from_config(model, read_json(path))

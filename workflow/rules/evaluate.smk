@@ -23,6 +23,7 @@ rule evaluate:
         benchmark="[^/]+",
     params:
         numerics=cpu_numerics,
+        model_key=lambda wc: MATRIX.model_key(model_of(wc.run)),  # a local model replaced in place reruns the job
         out_dir=output_dir,
         log_link=logged_in_output_dir("evaluate.log", EVAL_LOG),
         args=eval_args,

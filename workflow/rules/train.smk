@@ -25,6 +25,7 @@ rule train:
         run=RUN_RE,
     params:
         numerics=cpu_numerics,
+        model_key=lambda wc: MATRIX.model_key(RUNS[wc.run]["model"]),  # a local model replaced in place reruns the job
         out_dir=output_dir,
         log_link=logged_in_output_dir("train.log", TRAIN_LOG),
         settings=train_args,
