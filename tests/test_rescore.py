@@ -160,3 +160,12 @@ def test_a_compiler_failure_in_the_rescoring_names_the_way_out(policy, monkeypat
     group = [Completion([5, 6, 7], [-1.0] * 3, [math.nan] * 3, True)]
     with pytest.raises(BfspoError, match="tree_attention: blockwise"):
         RescoredEngine(None, model, micro_batch_tokens=64).rescore([[3, 4]], [group])
+
+
+def test_rows_are_padded_only_for_the_compiled_flex_kernel(policy):
+    """`pads_rows` (issue 47): a streamed rollout shares rows only where they are padded to bucket
+    lengths; with the blockwise kernel (CPU's default) each group goes alone."""
+    model, _ = policy
+    assert RescoredEngine(None, model, micro_batch_tokens=4096, attention="flex").pads_rows
+    assert not RescoredEngine(None, model, micro_batch_tokens=4096, attention="blockwise").pads_rows
+    assert not RescoredEngine(None, model, micro_batch_tokens=4096).pads_rows  # auto: blockwise on CPU

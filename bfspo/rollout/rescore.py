@@ -16,7 +16,9 @@ first fit in order, at most `micro_batch_tokens` row tokens; a longer group is c
 through the update's tree attention. The compiled flex kernel pads each row to its bucket length,
 so the padding is at most one bucket per row, not one per context (issue 38). A context's numbers
 then depend on its row's other contexts in their last bits only (float rounding of other shapes:
-tests/test_rescore.py compares with one row per context to 1e-5).
+tests/test_rescore.py compares with one row per context to 1e-5). So a streamed rollout rescores
+finished groups together only where the rows are padded (`pads_rows`), and each alone elsewhere
+(bfspo.rollout.streamed).
 
 It keeps, until `pop_stats`, the gap |engine log-prob - trainer log-prob| over the rescored
 tokens, the seconds spent rescoring, and the rows' tokens with and without their padding.
@@ -94,9 +96,22 @@ class RescoredEngine:
             self._rescore(trees, reals)
         self._stats["seconds"] += time.perf_counter() - t0
 
+    def _buckets(self) -> tuple[int, ...]:
+        """The lengths its rows are padded to (`row_buckets`): none but for the compiled flex kernel."""
+        device = next(self.model.parameters()).device
+        return row_buckets(self.attention, device, self.micro_batch_tokens, self.bucket)
+
+    @property
+    def pads_rows(self) -> bool:
+        """Whether its rows are padded to bucket lengths (the compiled flex kernel, on CUDA): only then
+        do contexts rescored together save padding (a bucket's at most per row, where a row per
+        context pads each). Otherwise a context rescored alone costs its own tokens, and its numbers
+        depend on it alone (bfspo.rollout.streamed)."""
+        return bool(self._buckets())
+
     def _rescore(self, trees: list[SearchTree], groups: list[list]) -> None:
         device = next(self.model.parameters()).device
-        buckets = row_buckets(self.attention, device, self.micro_batch_tokens, self.bucket)
+        buckets = self._buckets()
         logprobs = [np.empty(t.n_tokens) for t in trees]
         entropies = [np.empty(t.n_tokens) for t in trees]
         # a compiler failure names the way out (`tree_attention: blockwise`), as in the update

@@ -8,17 +8,31 @@ needs, bfspo.rollout.rescore), the tree takes the same per-tree step the lockste
 (`plant` or `grow`, then `next_expansion`) and its next G requests are added at once. New trees can
 be added while others grow (dynamic sampling, bfspo.training.batching.fill_streamed).
 
-Finished groups wait to be rescored together, in shared rows (padded once per row, not once per
-group): they are rescored once the trees waiting would hold back PENDING_SHARE of the engine's
-sequences (their next G samples each), or once the engine runs under half its capacity (the
-drain, and a tail in which waiting would idle it), so at most that share of the engine waits.
+Which groups are rescored together depends on the rescoring's rows (`RescoredEngine.pads_rows`):
+
+- Rows padded to bucket lengths (the compiled flex kernel, on CUDA): finished groups wait to be
+  rescored together, in shared rows (padded once per row, not once per group): they are rescored
+  once the trees waiting would hold back PENDING_SHARE of the engine's sequences (their next G
+  samples each), or once the engine runs under half its capacity (the drain, and a tail in which
+  waiting would idle it), so at most that share of the engine waits. Which groups share a call
+  then depends on when they finish, and so do the last bits of their numbers.
+- Rows as they are (the blockwise kernel: CPU): sharing saves no padding, so each group is rescored alone as soon as it
+  finishes, in rows of its own (`plan_micro_batches` of its tree alone). Its log-probs and
+  entropies depend on its own tokens only, not on when it finished, and no group waits: a
+  streamed run replays bit for bit (tests/test_streamed.py, tests/test_streamed_batches.py).
+
+Batches fixed by the draw (trees i..i+n-1's groups of one iteration rescored together) would make
+shared rows timing-free too, but each group would wait for its batch's slowest group (the share
+rule bounds what waits, this would not), and a step's last batch for trees that dynamic sampling
+may never add, so that when to give up on them would again be timing. On CUDA, where vLLM does not
+replay its samples anyway (docs/algorithm.md, "Seeds and reproducibility"), the share rule costs less.
 
 Sample j of tree i's iteration r (0: line 2) is seeded by (seed + r, i, r, j), as the lockstep
 rollout seeds it (`keys`), so with per-request seeds both give the same samples, backtracking points
 and rewards (tests/test_vllm_engine.py): a sample depends on its place in its tree, not on its place
-in a call. Their log-probs and entropies agree to float rounding: a group shares its rescoring rows
-with other groups in the two rollouts. At temperature 0 a group is one request whose answer is
-repeated G times, as `VLLMEngine.generate` does.
+in a call. Their log-probs and entropies agree to float rounding: a lockstep call rescores its
+groups in shared rows. At temperature 0 a group is one request whose answer is repeated G times, as
+`VLLMEngine.generate` does.
 """
 
 from __future__ import annotations
@@ -58,13 +72,14 @@ class StreamedSearch:
     trees still growing and says how many tokens they had cost.
 
     engine: a RescoredEngine around a VLLMEngine (its `engine`): the requests go to the latter,
-    each finished group is rescored by the former.
+    each finished group is rescored by the former (with others where its rows are padded).
     """
 
     def __init__(self, engine, *, group_size: int, k: int, budget: int, selection: str = "bfs",
                  temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None, filter: str = "all_leaves"):
         check_search_args(group_size, k, budget, selection, filter)
         self.rescored, self.engine = engine, engine.engine
+        self.together = engine.pads_rows  # finished groups wait to share rows, or go alone at once
         self.group_size, self.k, self.budget, self.selection, self.filter = group_size, k, budget, selection, filter
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
         self.trees: list[SearchTree] = []
@@ -115,18 +130,20 @@ class StreamedSearch:
             if len(group.done) == group.requests:
                 self.pending[i] = self.groups.pop(i)
         capacity = self.engine.occupancy.capacity
-        if self.pending and (self.group_size * len(self.pending) >= PENDING_SHARE * capacity
+        if self.pending and (not self.together or self.group_size * len(self.pending) >= PENDING_SHARE * capacity
                              or 2 * self.engine.in_flight < capacity):
             return self._advance()
         return []
 
     def _advance(self) -> list[int]:
-        """Rescore the waiting groups together, then take each tree's step; the trees that finished."""
+        """Rescore the waiting groups (together, or each alone: the module doc), then take each tree's
+        step; the trees that finished."""
         waiting = {i: self.pending[i] for i in sorted(self.pending)}  # in tree order, whatever their finish order
         self.pending = {}
         samples = {i: [replace(group.done[c % group.requests]) for c in range(self.group_size)]
                    for i, group in waiting.items()}
-        self.rescored.rescore([group.context for group in waiting.values()], list(samples.values()))
+        for call in ([[*waiting]] if self.together else [[i] for i in waiting]):
+            self.rescored.rescore([waiting[i].context for i in call], [samples[i] for i in call])
         finished = []
         for i, group in waiting.items():
             tree, score = self.trees[i], self.scorers[i]
