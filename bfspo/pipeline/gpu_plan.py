@@ -240,23 +240,24 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
     # one engine loop that trees and questions join as others finish (streamed), drained once
     waves = 1 if streamed else len(round_shares) * (cfg.k + 1)
     context = prompt_mean + answer / 2
-    decoding = concurrency * (1 - PENDING_SHARE / 2) if vllm and streamed else concurrency  # groups waiting
+    flex = cfg.tree_attention in ("auto", "flex")  # the compiled kernel, on CUDA
+    held = streamed and flex  # finished groups wait to share padded rows; unpadded, each goes alone at once
+    decoding = concurrency * (1 - PENDING_SHARE / 2) if vllm and held else concurrency  # groups waiting
     decode_tps = decode_tokens_per_s(s, max(decoding, 1), context, a, b, lora=True)
     sequences = generated_chains / world
 
     # the rescoring (vLLM): one tree per group, its context once (a line-2 group's prompt, an
     # expansion's prompt and prefix), groups packed into rows of T, each padded to its bucket
-    flex = cfg.tree_attention in ("auto", "flex")  # the compiled kernel, on CUDA
     step = cfg.attention_bucket
     groups = trees_generated * (1 + expanded * cfg.k)
     contexts = trees_generated * (prompt_mean * (1 + expanded * cfg.k)
                                   + expanded * cfg.k * (1 - a.expansion_share) * answer)
     group_row = (contexts + generated) / groups
     group_answers = generated / groups / answer
-    per_call = (max(1.0, PENDING_SHARE * concurrency / cfg.group_size) if streamed
-                else groups / world / waves)  # groups rescored together
+    per_call = (max(1.0, PENDING_SHARE * concurrency / cfg.group_size) if held
+                else 1.0 if streamed else groups / world / waves)  # groups rescored together
     calls = groups / world / per_call
-    rows = calls * math.ceil(per_call * group_row / T) + (concurrency / (2 * cfg.group_size) if streamed else 0)
+    rows = calls * math.ceil(per_call * group_row / T) + (concurrency / (2 * cfg.group_size) if held else 0)
     rescored = rescored_row_tokens(contexts + generated, rows * world, step, flex) if vllm else 0.0
 
     def spread(answers: float) -> float:
@@ -266,7 +267,7 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
     update_buckets = buckets_met(row_length_ranges(trees_per_minibatch, prompt_mean + tree_tokens,
                                                    spread(trees_per_minibatch * tree_tokens / answer), T), T, step)
     rescore_ranges = row_length_ranges(per_call, group_row, spread(per_call * group_answers), T)
-    if streamed:  # the drain's rows: one group each
+    if held:  # the drain's rows: one group each
         rescore_ranges += row_length_ranges(1, group_row, spread(group_answers), T)
     rescore_buckets = buckets_met(rescore_ranges, T, step) if vllm else 0
     graphs = compiled_graphs(update_buckets, rescore_buckets) if flex else 0
