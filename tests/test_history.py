@@ -358,3 +358,11 @@ def test_a_set_aside_says_how_many_runs_and_bytes_previous_holds(tmp_path, capsy
     assert lines[1] == f"{run_dir / 'previous'} now holds 1 earlier run, 3,002 bytes (0.0 MiB); nothing there is " \
                        "deleted but by you"
     assert lines[3].startswith(f"{run_dir / 'previous'} now holds 2 earlier runs, 3,014 bytes")
+
+
+def test_a_finished_run_records_the_code_that_trained_it(finished_run):
+    """Issue 45 §5: the commit was in the W&B run file only. done.json records the commit, whether the
+    package differed from it, and the fingerprint of the code that shapes training."""
+    from bfspo.code_identity import identity
+
+    assert read_json(finished_run / "done.json")["code"] == identity("train")

@@ -12,7 +12,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from bfspo.errors import BfspoError
-from bfspo.pipeline import chains, gpu_plan, jobs, slurm
+from bfspo.pipeline import chains, gpu_plan, jobs, slurm, stale
 from bfspo.pipeline.matrix import (
     PREPARED_SPLITS,
     TOY_DATA_FILES,
@@ -98,6 +98,7 @@ if _UNSET:
 _CHAINS = chains.warning(chains.shortfalls(MATRIX))
 if _CHAINS:
     logger.warning(_CHAINS)
+stale.warn(MATRIX, logger.warning)  # finished runs made with other code than the checkout's: named, not rerun
 
 summary = MATRIX.summary
 table_summaries = MATRIX.table_summaries
