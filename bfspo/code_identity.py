@@ -100,8 +100,8 @@ def stale(records: dict[str, str | Path], scope: str, package: Path = PACKAGE) -
 
 
 def stale_line(found: dict[str, str], what: str) -> str | None:
-    """One line naming the `what` (runs, evaluations) of `stale`'s answer, or None when there is none."""
+    """One line naming the `what`s (training run, evaluation) of `stale`'s answer, or None when there is none."""
     if not found:
         return None
-    return (f"{len(found)} {what} made with other code than this checkout's (bfspo/code_identity.py): "
+    return (f"{len(found)} {what}{'' if len(found) == 1 else 's'} made with other code than this checkout's (bfspo/code_identity.py): "
             + "; ".join(f"{name} ({code})" for name, code in sorted(found.items())))

@@ -85,10 +85,10 @@ def test_stale_names_the_records_made_with_other_code(tmp_path):
     (tmp_path / "torn" / "done.json").write_text('{"code"')
     records["torn"] = tmp_path / "torn" / "done.json"
     assert stale(records, "train") == {"other": "commit 01234567 (dirty)"}
-    assert code_identity.stale_line(stale(records, "train"), "training runs") == (
-        "1 training runs made with other code than this checkout's (bfspo/code_identity.py): other (commit 01234567 "
+    assert code_identity.stale_line(stale(records, "train"), "training run") == (
+        "1 training run made with other code than this checkout's (bfspo/code_identity.py): other (commit 01234567 "
         "(dirty))")
-    assert code_identity.stale_line({}, "training runs") is None
+    assert code_identity.stale_line({}, "training run") is None
 
 
 def test_an_evaluation_records_its_code(tiny_model_dir, tmp_path):
@@ -114,10 +114,10 @@ def test_a_table_names_its_runs_made_with_other_code(tmp_path):
     args = ["tables", "build", "--spec", json.dumps(SPEC), "--summaries", *runs, "--out-dir", str(tmp_path / "out")]
     assert main(args) == 0
     table = (tmp_path / "out" / "abl.md").read_text()
-    assert ("\nOther code: 1 evaluations made with other code than this checkout's (bfspo/code_identity.py): "
+    assert ("\nOther code: 1 evaluation made with other code than this checkout's (bfspo/code_identity.py): "
             "m_ts_dapo_s0/b (commit 01234567 (dirty))\n") in table
     assert main(args + ["--runs-dir", str(tmp_path / "runs")]) == 0
-    assert "1 training runs made with other code than this checkout's (bfspo/code_identity.py): m_ts_glob_s0 " \
+    assert "1 training run made with other code than this checkout's (bfspo/code_identity.py): m_ts_glob_s0 " \
            "(commit 01234567 (dirty))" in (tmp_path / "out" / "abl.md").read_text()
     Path(runs[1]).write_text(json.dumps(read_json(runs[1]) | {"code": identity("evaluate")}))
     assert main(args) == 0
@@ -138,7 +138,7 @@ def test_the_dry_run_names_the_runs_made_with_other_code(tmp_path):
     done.parent.mkdir(parents=True)
     done.write_text(json.dumps({"steps": 1, "code": OTHER}))
     out = dry_run("--configfile", str(config))
-    assert (f"1 training runs made with other code than this checkout's (bfspo/code_identity.py): {run} "
+    assert (f"1 training run made with other code than this checkout's (bfspo/code_identity.py): {run} "
             "(commit 01234567 (dirty))") in out
     assert f"delete its folder ({matrix.results}/runs/<run>/ or " in out
     done.write_text(json.dumps({"steps": 1, "code": identity("train")}))

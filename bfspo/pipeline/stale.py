@@ -22,7 +22,7 @@ def warning(matrix) -> str | None:
     runs = stale({run: f"{matrix.results}/runs/{run}/done.json" for run in matrix.runs}, "train")
     evaluations = stale({f"{run}/{bench}": matrix.summary(run, bench) for run, bench in matrix.evaluations()},
                         "evaluate")
-    lines = [line for line in (stale_line(runs, "training runs"), stale_line(evaluations, "evaluations")) if line]
+    lines = [line for line in (stale_line(runs, "training run"), stale_line(evaluations, "evaluation")) if line]
     return "\n".join([*lines, RERUN.format(results=matrix.results)]) if lines else None
 
 

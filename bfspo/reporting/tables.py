@@ -283,8 +283,8 @@ def code_note(summaries: list[str], runs_dir: str | Path | None, runs: list[str]
     """The line under a table naming its evaluations (summary.json) and training runs (done.json under
     `runs_dir`) made with other code than the checkout's (bfspo.code_identity), or None."""
     evaluations = {f"{Path(p).parent.parent.name}/{Path(p).parent.name}": p for p in summaries}
-    found = [stale_line(stale(evaluations, "evaluate"), "evaluations"),
-             stale_line(stale({r: Path(runs_dir) / r / "done.json" for r in runs}, "train"), "training runs")
+    found = [stale_line(stale(evaluations, "evaluate"), "evaluation"),
+             stale_line(stale({r: Path(runs_dir) / r / "done.json" for r in runs}, "train"), "training run")
              if runs_dir else None]
     found = [line for line in found if line]
     return f"Other code: {' '.join(found)}" if found else None
