@@ -32,10 +32,34 @@ def _move(src: Path, dst: Path) -> None:
     os.rename(src, dst)
 
 
+def slot_number(name: str) -> int | None:
+    """The n of a set-aside folder previous/<n>: ASCII decimal digits only; None for any other name
+    (a folder `²` or `٣` that someone made there is not a slot, and is left alone)."""
+    return int(name) if name.isascii() and name.isdigit() else None
+
+
 def _next_slot(previous: Path) -> Path:
     """previous/<n> with n one more than the highest number there (1 for none)."""
-    numbers = [int(p.name) for p in previous.iterdir() if p.name.isdigit()]
+    numbers = [n for n in map(slot_number, (p.name for p in previous.iterdir())) if n is not None]
     return previous / str(max(numbers, default=0) + 1)
+
+
+def holdings(folder: Path) -> tuple[int, int]:
+    """(earlier results, bytes) that `folder`/previous/ holds: its numbered folders, and the size of
+    every file under it (links not followed)."""
+    previous = folder / PREVIOUS_NAME
+    if not previous.is_dir():
+        return 0, 0
+    slots = sum(p.is_dir() and slot_number(p.name) is not None for p in previous.iterdir())
+    size = sum(p.lstat().st_size for p in previous.rglob("*") if p.is_file() and not p.is_symlink())
+    return slots, size
+
+
+def holdings_line(folder: Path, what: str) -> str:
+    """One line saying how many earlier `what`s (run, evaluation) and bytes `folder`/previous/ holds."""
+    slots, size = holdings(folder)
+    return (f"{folder / PREVIOUS_NAME} now holds {slots} earlier {what}{'' if slots == 1 else 's'}, "
+            f"{size:,} bytes ({size / 2**20:.1f} MiB); nothing there is deleted but by you")
 
 
 def _complete(folder: Path, names: Iterable[str]) -> Path | None:

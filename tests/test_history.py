@@ -14,6 +14,7 @@ import pytest
 from bfspo import history
 from bfspo.cli import main
 from bfspo.io import read_json
+from bfspo.training.run_dir import prepare_run_dir, run_entries, set_aside
 
 QUESTIONS = [{"id": f"q{i}", "question": f"Tom has {i} apples and buys 3 more. How many?", "answer": str(i + 3)}
              for i in range(3)]
@@ -70,7 +71,16 @@ def _records(run_dir: Path, data_sha: str):
     return TrainConfig(**read_json(run_dir / "config.json")), inputs | {"train_data": {name: data_sha}}
 
 
-RUN_PARTS = ("train.log", ".bfspo.lock", "previous")  # what is not the run's (trainer.KEPT)
+def start(cfg, run_dir: Path, inputs: dict) -> bool:
+    """A start of `bfspo train` up to its training, once its inputs have loaded: the earlier run set
+    aside if its inputs changed; whether there is a run to train."""
+    found = prepare_run_dir(cfg, run_dir, inputs)
+    if found.changed:
+        set_aside(run_dir, found.changed)
+    return not found.finished
+
+
+RUN_PARTS = ("train.log", ".bfspo.lock", "previous")  # what is not the run's (run_dir.KEPT)
 
 
 def test_a_kill_after_any_step_of_a_set_aside_loses_nothing_and_the_next_start_finishes_it(finished_run, tmp_path,
@@ -79,10 +89,8 @@ def test_a_kill_after_any_step_of_a_set_aside_loses_nothing_and_the_next_start_f
     and trees/ were gone, deleted with the previous/ that each start replaced. Here the set-aside is
     killed after each of its steps in turn (creating the staging folder, each entry's rename, the
     staging folder's rename), and the next start finds every byte of the old run in previous/1."""
-    from bfspo.training import trainer
-
     cfg, inputs = _records(finished_run, "0" * 64)
-    entries = trainer.run_entries(finished_run)
+    entries = run_entries(finished_run)
     assert {"adapter", "checkpoint", "config.json", "done.json", "inputs.json", "metrics.jsonl", "trees", "wandb",
             "wandb_id.txt"} <= set(entries)
     old = files(finished_run, RUN_PARTS)
@@ -92,7 +100,7 @@ def test_a_kill_after_any_step_of_a_set_aside_loses_nothing_and_the_next_start_f
         shutil.copytree(finished_run, run_dir)
         made = kill_at_move(monkeypatch, k)
         try:
-            assert trainer.prepare_run_dir(cfg, run_dir, inputs)
+            assert start(cfg, run_dir, inputs)
         except Killed:
             assert len(made) == k
         monkeypatch.setattr(history, "_move", REAL_MOVE)
@@ -100,7 +108,7 @@ def test_a_kill_after_any_step_of_a_set_aside_loses_nothing_and_the_next_start_f
         left = files(run_dir, RUN_PARTS) | files(staging) | (files(run_dir / "previous/1")
                                                                if (run_dir / "previous/1").exists() else {})
         assert left == old, f"kill at rename {k + 1}: bytes of the old run lost"
-        assert trainer.prepare_run_dir(cfg, run_dir, inputs), "the next start trains afresh"
+        assert start(cfg, run_dir, inputs), "the next start trains afresh"
         assert sorted(p.name for p in run_dir.iterdir()) == [".bfspo.lock", "previous", "train.log"]
         assert sorted(p.name for p in (run_dir / "previous").iterdir()) == ["1"]
         assert files(run_dir / "previous/1") == old
@@ -110,15 +118,13 @@ def test_a_kill_after_any_step_of_a_set_aside_loses_nothing_and_the_next_start_f
 
 
 def test_bfspo_train_finishes_an_interrupted_set_aside_and_trains(finished_run, tmp_path, monkeypatch, capsys):
-    from bfspo.training import trainer
-
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
     cfg, inputs = _records(run_dir, "0" * 64)
     old = files(run_dir, RUN_PARTS)
     kill_at_move(monkeypatch, 4)
     with pytest.raises(Killed):
-        trainer.prepare_run_dir(cfg, run_dir, inputs)
+        start(cfg, run_dir, inputs)
     monkeypatch.setattr(history, "_move", REAL_MOVE)
     capsys.readouterr()
     config = read_json(finished_run / "config.json")
@@ -133,25 +139,23 @@ def test_every_earlier_run_is_kept_with_its_own_wandb_run_and_the_message_names_
                                                                                                capsys):
     """The probe's second input change deleted the first finished run and its never-synced W&B run
     without a word: previous/ was replaced."""
-    from bfspo.training import trainer
-
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
     (run_dir / "previous").mkdir()
     (run_dir / "previous" / "done.json").write_text("{}\n")  # a set-aside of an older bfspo, loose in previous/
     first = files(run_dir, RUN_PARTS)
     cfg, inputs = _records(run_dir, "1" * 64)
-    assert trainer.prepare_run_dir(cfg, run_dir, inputs)
+    assert start(cfg, run_dir, inputs)
     assert (f"{run_dir}: its inputs changed since the run there was made (train_data (train.jsonl)): moved that run, "
             f"a finished run (done.json, adapter/) and its W&B run abc123, to {run_dir / 'previous/1'}, where it "
             "stays until you delete it; training from step 0") in capsys.readouterr().out
-    for name in trainer.run_entries(finished_run):  # the second run, finished, with a W&B run of its own
+    for name in run_entries(finished_run):  # the second run, finished, with a W&B run of its own
         (shutil.copytree if (finished_run / name).is_dir() else shutil.copy)(finished_run / name, run_dir / name)
     (run_dir / "wandb_id.txt").write_text("def456\n")
     (run_dir / "inputs.json").write_text(json.dumps(inputs))
     second = files(run_dir, RUN_PARTS)
     cfg, inputs = _records(run_dir, "2" * 64)
-    assert trainer.prepare_run_dir(cfg, run_dir, inputs)
+    assert start(cfg, run_dir, inputs)
     assert "a finished run (done.json, adapter/) and its W&B run def456, to " \
            f"{run_dir / 'previous/2'}" in capsys.readouterr().out
     assert files(run_dir / "previous/1") == first and files(run_dir / "previous/2") == second
@@ -263,3 +267,102 @@ def test_a_command_that_a_test_gives_up_on_is_killed_with_its_children(tmp_path)
             assert proc.poll() is None
             time.sleep(0.01)
     assert _gone(int(pid_file.read_text()))
+
+
+def test_the_run_directory_code_and_these_tests_import_no_torch():
+    """Issue 48 §3: the run directory's lifecycle (bfspo/training/run_dir.py) and the code identity
+    need no torch, nor do these tests to reach them (the fixtures that train load it, as pytest's
+    conftest does)."""
+    import subprocess
+    import sys
+
+    check = ("import sys; import bfspo.training.run_dir, bfspo.code_identity, tests.test_history; "
+             "assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _train_again(run_dir: Path, **changed) -> int:
+    config = read_json(run_dir / "config.json") | changed
+    return main(["train", "--output-dir", str(run_dir), "--set",
+                 *[f"{k}={json.dumps(v)}" for k, v in config.items() if v is not None]])
+
+
+def test_a_bad_new_data_file_leaves_the_finished_run_in_place(finished_run, train_data, tmp_path, capsys):
+    """Issue 46 item 7: a start on a bad new data file moved the finished run aside before the file was
+    read, so putting the old data back retrained from step 0. The new inputs are checked first."""
+    run_dir, data = tmp_path / "run", tmp_path / "data" / "train.jsonl"
+    shutil.copytree(finished_run, run_dir)
+    data.parent.mkdir()
+    shutil.copy(train_data, data)
+    config = read_json(run_dir / "config.json") | {"train_data": str(data)}
+    (run_dir / "config.json").write_text(json.dumps(config))
+    old = files(run_dir, RUN_PARTS)
+    data.write_text('{"id": "0", "question": "Tom has 0 apples"}\n')  # no answer: the rows are refused
+    assert _train_again(run_dir) == 2
+    assert "answer" in capsys.readouterr().err
+    assert files(run_dir, RUN_PARTS) == old and not (run_dir / "previous").exists()
+    shutil.copy(train_data, data)
+    assert _train_again(run_dir) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert files(run_dir, RUN_PARTS) == old
+
+
+def test_a_resume_whose_metrics_lost_their_rows_keeps_the_checkpoints_step(finished_run, tmp_path, capsys):
+    """Issue 46 (Low): with metrics.jsonl emptied, the resume from the checkpoint at the last step said
+    that nothing was trained. The checkpoint's step stands, and the lost rows are named."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    shutil.rmtree(run_dir / "adapter")
+    (run_dir / "done.json").unlink()
+    (run_dir / "metrics.jsonl").write_text("")
+    assert _train_again(run_dir) == 0
+    out = capsys.readouterr().out
+    assert (f"{run_dir / 'metrics.jsonl'}: the rows of 1 of the 1 steps that the checkpoint holds are lost (steps 1); "
+            "the checkpoint's step 1 stands") in out
+    assert read_json(run_dir / "done.json")["steps"] == 1 and (run_dir / "adapter").is_dir()
+
+
+def test_spans_names_runs_of_steps():
+    from bfspo.training.run_dir import spans
+
+    assert spans([1, 2, 3, 5, 7, 8]) == "1-3, 5, 7-8" and spans([4]) == "4" and spans([]) == ""
+
+
+@pytest.mark.parametrize("name", ["²", "٣", "1.5", "x"])
+def test_only_ascii_numbers_in_previous_are_set_aside_slots(tmp_path, name):
+    """Issue 46 item 10: a folder previous/² gave a ValueError traceback from int() and left the run
+    half-moved, and every later start failed the same way. Such a folder is not a slot: left alone."""
+    (tmp_path / "done.json").write_text("{}")
+    (tmp_path / "previous" / name).mkdir(parents=True)
+    (tmp_path / "previous" / "2").mkdir()
+    assert history.set_aside(tmp_path, ["done.json"]) == tmp_path / "previous" / "3"
+    assert (tmp_path / "previous" / name).is_dir() and (tmp_path / "previous" / "3" / "done.json").is_file()
+    (tmp_path / "done.json").write_text("{}")  # an interrupted move: the staging folder is completed
+    (tmp_path / "previous" / history.STAGING_NAME).mkdir()
+    assert history.finish_set_aside(tmp_path, lambda: ["done.json"]) == tmp_path / "previous" / "4"
+
+
+def test_a_set_aside_says_how_many_runs_and_bytes_previous_holds(tmp_path, capsys):
+    """Issue 46 (Low): previous/ grew without a word. Each set-aside says, on one line, how many earlier
+    runs (numbered folders) and bytes previous/ now holds."""
+    run_dir = tmp_path / "run"
+    (run_dir / "adapter").mkdir(parents=True)
+    (run_dir / "adapter" / "adapter_model.safetensors").write_bytes(b"w" * 3000)
+    (run_dir / "done.json").write_text("{}")
+    set_aside(run_dir, ["train_data (train.jsonl)"])
+    (run_dir / "done.json").write_text('{"steps": 1}')
+    set_aside(run_dir, ["train_data (train.jsonl)"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == f"{run_dir / 'previous'} now holds 1 earlier run, 3,002 bytes (0.0 MiB); nothing there is " \
+                       "deleted but by you"
+    assert lines[3].startswith(f"{run_dir / 'previous'} now holds 2 earlier runs, 3,014 bytes")
+
+
+def test_a_finished_run_records_the_code_that_trained_it(finished_run):
+    """Issue 45 §5: the commit was in the W&B run file only. done.json records the commit, whether the
+    package differed from it, and the fingerprint of the code that shapes training."""
+    from bfspo.code_identity import identity
+
+    assert read_json(finished_run / "done.json")["code"] == identity("train")

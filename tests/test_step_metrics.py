@@ -89,3 +89,21 @@ def test_sample_table_renders_the_first_trees_as_bfspo_tree_show_does():
         "step": 7, "question_id": "q0", "leaves": len(trees[0].leaves()), "correct": trees[0].n_correct,
         "best_length": dicts[0]["best"]["length"], "backtracks": len(trees[0].backtracking),
         "tree": render_tree(dicts[0], title="step 7, question q0")}]
+
+
+def test_update_stats_of_a_steps_optimizer_steps():
+    """The `train/` statistics that Trainer.update assembled inline (issue 48 §3: update() is the loop)."""
+    stats = [{"clip_frac": 0.1, "clip_frac_low": 0.0, "clip_frac_high": 0.1, "ratio_mean": 1.0, "ratio_max": 1.2,
+              "approx_kl": 0.01},
+             {"clip_frac": 0.3, "clip_frac_low": 0.1, "clip_frac_high": 0.2, "ratio_mean": 1.1, "ratio_max": 1.5,
+              "approx_kl": 0.03}]
+    out = step_metrics.update_stats([0.5, 1.5], [2.0, 4.0], stats, 1, 3, [(1.0, 0.4, 4), (2.0, 0.9, 2)],
+                                    {"seconds": 1.5, "row_tokens": 100, "tokens": 80})
+    assert out["loss"] == 1.0 and out["grad_norm"] == 3.0 and out["optimizer_steps"] == 2
+    assert out["clip_frac"] == pytest.approx(0.2) and out["ratio_max"] == 1.5 and out["approx_kl"] == pytest.approx(0.02)
+    assert (out["skipped_steps"], out["nonfinite"], out["logprob_gap_mean"], out["logprob_gap_max"]) == (1, 3, 0.5, 0.9)
+    assert (out["rescore_s"], out["rescore_tokens"], out["rescore_padding"]) == (1.5, 100, pytest.approx(0.2))
+    empty = step_metrics.update_stats([], [], [], 2, 2, [(0.0, 0.0, 0)], None)
+    assert empty["optimizer_steps"] == 0 and "rescore_s" not in empty
+    assert all(math.isnan(empty[k]) for k in ("loss", "grad_norm", "clip_frac", "ratio_max", "logprob_gap_mean"))
+    step_metrics.step_row(1, out | empty)  # every key has its section

@@ -21,9 +21,11 @@ DIR/samples.partial.jsonl as soon as they are scored: an interrupted evaluation,
 settings, generates only the batches not yet on file and ends with the same samples and summary as
 an uninterrupted one (bfspo.evaluation.progress). Then DIR/samples.jsonl (one row per response) and
 DIR/summary.json, last, are written, each atomically. summary.json records the settings it was
-made with and the SHA-256 of samples.jsonl's bytes (`samples_sha256`): a rerun with the same
-settings (and --meta), whose samples.jsonl still holds those bytes, says it is already done and
-exits 0; one whose samples.jsonl is gone, truncated or rewritten evaluates again, and a
+made with, the SHA-256 of samples.jsonl's bytes (`samples_sha256`) and the code that scored it
+(`code`, bfspo.code_identity: not a setting, since other code is named by `snakemake -n` and the
+tables, never redone silently): a rerun with the same settings (and --meta), whose samples.jsonl
+still holds those bytes, says it is already done and exits 0; one whose samples.jsonl is gone,
+truncated or rewritten evaluates again, and a
 rerun with other settings moves the finished files, with their W&B run, to a new DIR/previous/<n>/
 (bfspo.history; after its input checks pass, before it generates anything), so that they never
 sit beside a partial output of other settings looking finished, and the new evaluation gets a W&B
@@ -45,7 +47,7 @@ import numpy as np
 from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.rollout import make_engine
 from bfspo.rollout.base import Completion, RolloutEngine, needed_model_len
-from bfspo import console, fingerprint, history, runlock
+from bfspo import code_identity, console, fingerprint, history, runlock
 from bfspo.device import resolve_device
 from bfspo.errors import BfspoError
 from bfspo.io import read_json, remove_temporaries, write_json, write_jsonl
@@ -242,6 +244,7 @@ def set_aside(out_dir: Path, settings: dict, meta: dict) -> None:
     listed = " and ".join([", ".join(found[:-1]), found[-1]] if len(found) > 1 else found)
     console.line(f"{out_dir}: moved the {listed} of an earlier evaluation ({differ}) to {moved}, where they stay "
                  "until you delete them; starting over")
+    console.line(history.holdings_line(out_dir, "evaluation"))
 
 
 def fingerprints(args, data: dict[str, str], stamps: dict[str, list[int]]) -> dict[str, str | None]:
@@ -322,7 +325,7 @@ def evaluate(args) -> int:
                "generation_seconds": round(seconds, 3),
                "generated_tokens_per_s": round(sum(s["num_tokens"] for s in scored) / max(seconds, 1e-9), 1),
                "samples_sha256": fingerprint.file_sha256(args.out_dir / "samples.jsonl"), "meta": meta,
-               "settings": settings}
+               "settings": settings, "code": code_identity.identity("evaluate")}
     fingerprint.check_unchanged(stamps, "the evaluation")  # vLLM loads an adapter at its first request
     if args.wandb_project:
         log_to_wandb(summary, scored, args)

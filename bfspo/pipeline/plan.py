@@ -13,7 +13,7 @@
    beyond the card, more attempts than the profile's retries, a time limit over the partition's
    (`slurm.max_runtime`);
 6. the warnings (`Plan.warnings`): arms whose trees miss their chains per step, training runs
-   with no attempt to spare; and the line naming the Slurm keys left to the cluster.
+   with no attempt to spare, finished runs and evaluations made with other code (bfspo/pipeline/stale.py); and the line naming the Slurm keys left to the cluster.
 
 A config that fails 1-3 stops there (nothing after can be planned); 4 and 5 are all reported.
 `Plan.problems` holds the refusals, each after the config file's name; an empty list: the plan
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bfspo.errors import BfspoError
-from bfspo.pipeline import chains, gpu_plan, jobs, slurm
+from bfspo.pipeline import chains, gpu_plan, jobs, slurm, stale
 from bfspo.pipeline.gpu_plan import Plans, TrainPlan, attempts_within, runtime_for_attempts
 from bfspo.pipeline.matrix import Matrix, normalise_numbers
 from bfspo.pipeline.preflight import plan_problems
@@ -90,6 +90,7 @@ def plan(config: dict, config_files, schema: str | Path = SCHEMA, gpu_mem_gb: fl
     out.warnings = [w for w in (
         chains.warning(chains.shortfalls(m)),
         spare_attempt_warning(m, out.jobs),
+        stale.warning(m),
     ) if w]
     out.unset = slurm.unset_line(config, out.source)
     return out

@@ -92,7 +92,7 @@ def check_trained_on(summaries: pd.DataFrame, runs_dir: str | Path) -> None:
     """BfspoError unless each evaluation of a trained run scored the adapter that run published, on the
     base model it was trained on: the fingerprints in its summary.json (`settings.fingerprints`,
     bfspo.evaluation.evaluate) against those the run recorded (inputs.json's model and tokenizer,
-    done.json's adapter_sha256; bfspo/training/trainer.py). A run that recorded none (made before
+    done.json's adapter_sha256; bfspo/training/run_dir.py). A run that recorded none (made before
     fingerprints) is not checked; an evaluation that recorded none cannot match one that did."""
     from bfspo.fingerprint import RUN_INPUTS, digest
 

@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from bfspo.code_identity import stale, stale_line
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text, read_jsonl
 from bfspo.evaluation.metrics import aes_consistency
@@ -234,13 +235,13 @@ def to_latex(df: pd.DataFrame, spec: dict) -> str:
 
 
 def write_table(spec: dict, rows: list[Row], out_dir: str | Path,
-                notes: list[str] = ()) -> list[Path]:
+                notes: list[str] = (), code_note: str | None = None) -> list[Path]:
     out = Path(out_dir)
     paths = [out / f"{spec['name']}.{ext}" for ext in ("csv", "md", "tex")]
     df = build_table(spec, rows)
     flat = _flat(df)
     atomic_write_text(paths[0], numeric_table(spec, rows).to_csv(index=False))
-    short = "".join(f"\nShort batches: {note}\n" for note in notes)
+    short = "".join(f"\nShort batches: {note}\n" for note in notes) + (f"\n{code_note}\n" if code_note else "")
     atomic_write_text(paths[1], f"## {spec['title']}\n\n{flat.to_markdown(index=False, disable_numparse=True)}\n\n{legend(rows)}\n{short}")
     atomic_write_text(paths[2], to_latex(df, spec))
     return paths
@@ -276,6 +277,17 @@ def check_chains(runs_dir: str | Path, share: float) -> str:
     if notes:
         raise BfspoError(f"runs whose batch fell below {share:.0%} of its target chains:\n  " + "\n  ".join(notes))
     return f"{len(runs)} runs under {runs_dir}: every step trained at least {share:.0%} of its target chains."
+
+
+def code_note(summaries: list[str], runs_dir: str | Path | None, runs: list[str]) -> str | None:
+    """The line under a table naming its evaluations (summary.json) and training runs (done.json under
+    `runs_dir`) made with other code than the checkout's (bfspo.code_identity), or None."""
+    evaluations = {f"{Path(p).parent.parent.name}/{Path(p).parent.name}": p for p in summaries}
+    found = [stale_line(stale(evaluations, "evaluate"), "evaluation"),
+             stale_line(stale({r: Path(runs_dir) / r / "done.json" for r in runs}, "train"), "training run")
+             if runs_dir else None]
+    found = [line for line in found if line]
+    return f"Other code: {' '.join(found)}" if found else None
 
 
 # ---- the consistency report -------------------------------------------------------------------
@@ -354,6 +366,6 @@ def run(args) -> int:
     rows = build_rows(spec, summaries, reported)
     runs = sorted(set(summaries.loc[summaries.method != ZERO_SHOT, "run"]) - {""})
     notes = short_batch_notes(args.runs_dir, runs) if args.runs_dir else []
-    for path in write_table(spec, rows, args.out_dir, notes):
+    for path in write_table(spec, rows, args.out_dir, notes, code_note(args.summaries, args.runs_dir, runs)):
         print(path)
     return 0

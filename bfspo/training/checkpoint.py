@@ -30,8 +30,8 @@ from bfspo.errors import BfspoError
 from bfspo.fingerprint import file_sha256
 from bfspo.io import write_error
 from bfspo.training.nonfinite import nonfinite_tensors
+from bfspo.training.run_dir import CHECKPOINT as NAME
 
-NAME = "checkpoint"
 MARKER = "COMPLETE"
 
 

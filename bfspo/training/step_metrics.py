@@ -138,6 +138,47 @@ def rollout_stats(generated: list, batch: list) -> dict:
     }
 
 
+def rollout_row(filled, batch: list, mine: dict, merged: dict, verify_timeouts: int, occupancy: dict) -> dict:
+    """One rank's statistics of a step's rollout: `rollout_stats` of its trees, the batch statistics
+    of all ranks (`merged`: bfspo.training.batching.merge_ranks of each rank's `mine`), and this
+    rank's counts of chains, groups and tokens, verifier timeouts and the engine's `occupancy`.
+    `reduce_ranks` sums the counts (SUMMED) and averages the rest: the merged batch statistics are
+    the same on every rank."""
+    return rollout_stats(filled.generated, batch) | merged | {
+        "chains": mine["chains"], "groups_kept": len(filled.kept),
+        "chains_generated": sum(len(t.leaves()) for t in filled.generated),
+        "groups_filtered": len(filled.generated) - len(filled.kept),
+        "tokens_unique": sum(t.n_tokens for t in batch), "tokens_total": sum(t.n_chain_tokens for t in batch),
+        "rollout_tokens": sum(t.n_tokens for t in filled.generated) + filled.aborted_tokens,
+        "tokens_aborted": filled.aborted_tokens, "questions_aborted": filled.aborted,
+        "verify_timeouts": verify_timeouts} | occupancy
+
+
+def update_stats(losses: list[float], norms: list[float], stats: list[dict], skipped: int, nonfinite: int,
+                 gaps: list[tuple[float, float, int]], rescored: dict | None) -> dict:
+    """The `train/` statistics of a step's optimizer steps (Eq. 10): the mean loss and gradient norm
+    of the steps taken, the clip fractions, ratio and approx. KL of the mini-batches (`stats`, from
+    bfspo.training.accumulate), the steps `skipped` as non-finite and the run's `nonfinite` total;
+    the log-prob gap between engine and trainer from each rank's (sum, max, count) in `gaps`; and
+    the rescoring's time and padding for a RescoredEngine (`rescored`, its pop_stats)."""
+    mean = lambda key: _mean([s[key] for s in stats])  # noqa: E731
+    count = sum(g[2] for g in gaps)
+    out = {"loss": _mean(losses), "optimizer_steps": len(losses), "grad_norm": _mean(norms),
+           "clip_frac": mean("clip_frac"), "clip_frac_low": mean("clip_frac_low"),
+           "clip_frac_high": mean("clip_frac_high"), "ratio_mean": mean("ratio_mean"),
+           "ratio_max": max((s["ratio_max"] for s in stats), default=float("nan")),
+           "approx_kl": mean("approx_kl"), "skipped_steps": skipped, "nonfinite": nonfinite,
+           "old_logprobs_s": 0.0,  # no pass of its own: they come with the rollout
+           "logprob_gap_mean": sum(g[0] for g in gaps) / count if count else float("nan"),
+           "logprob_gap_max": max(g[1] for g in gaps) if count else float("nan")}
+    if rescored is not None:
+        out["rescore_s"] = rescored["seconds"]
+        out["rescore_tokens"] = rescored["row_tokens"]  # the forwards' rows, padding included
+        out["rescore_padding"] = (1 - rescored["tokens"] / rescored["row_tokens"] if rescored["row_tokens"]
+                                  else float("nan"))
+    return out
+
+
 def token_advantages(tree) -> list[float]:
     """The advantage of every unique token (per-segment advantages) or of every chain token (per chain)."""
     if per_chain(tree):

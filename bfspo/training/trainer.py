@@ -15,16 +15,17 @@ Each step (one training batch):
    with the clipped token-mean objective over the unique tree tokens (Eq. 10), accumulated over
    micro-batches of at most `micro_batch_tokens` tokens.
 
-The run directory holds config.json, inputs.json (the fingerprints of the training data, base
-model and tokenizer: bfspo.fingerprint), metrics.jsonl, trees/, checkpoint/, the final adapter/
-and, written last, done.json. Running the same command again resumes from the last checkpoint, or
-says that the run is finished; if the inputs changed since, it moves the old run to a new
-previous/<n>/ and starts over (`prepare_run_dir`, bfspo.history).
+The run directory (config.json, inputs.json, metrics.jsonl, trees/, checkpoint/, adapter/ and,
+written last, done.json) and its lifecycle are bfspo/training/run_dir.py's: running the same command
+again resumes from the last checkpoint, or says that the run is finished; if the inputs changed
+since, the old run moves to a new previous/<n>/ once the new inputs have loaded, and the run starts
+over.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import random
@@ -38,14 +39,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bfspo import console, fingerprint, history, runlock
+from bfspo import code_identity, console, fingerprint, runlock
 from bfspo.device import resolve_device
 from bfspo.training import batching, checkpoint, dist, step_metrics, validation
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
-from bfspo.training.config import TrainConfig, identity_ignores
+from bfspo.training.config import TrainConfig
 from bfspo.training.samples import sample_table
 from bfspo.errors import BfspoError
-from bfspo.io import append_line, atomic_write_text, read_json, read_jsonl, remove_temporaries, write_json
+from bfspo.io import append_line, atomic_write_text, write_json
 from bfspo.algorithm.packing import n_entries
 from bfspo.rollout.rescore import RescoredEngine
 from bfspo.rollout.streamed import StreamedSearch, resolve_rollout
@@ -54,6 +55,7 @@ from bfspo.algorithm.search import build_trees
 from bfspo.rollout.base import needed_model_len
 from bfspo.training.batching import minibatch_plan
 from bfspo.training.nonfinite import step_if_finite
+from bfspo.training.run_dir import Start, prepare_run_dir, run_inputs, set_aside, trim_metrics
 
 
 @dataclass
@@ -92,30 +94,6 @@ def peak_memory_gb() -> float:
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
-
-
-def read_metrics(path: Path) -> list[tuple[int, dict]]:
-    """(line, row) of each readable row of a run's metrics.jsonl.
-
-    A kill while a row is appended leaves a torn last line: it is dropped, and said so. A bad line
-    anywhere else was not written by an interrupted trainer (an edit, another writer, a damaged
-    disk): a BfspoError names the file and line.
-    """
-    skipped: list[dict] = []
-    rows = list(read_jsonl(path, skipped=skipped))
-    last_row = rows[-1][0] if rows else 0
-    torn = skipped[-1] if skipped and skipped[-1]["line"] > last_row else None
-    middle = [s for s in skipped if s is not torn]
-    if middle:
-        bad = middle[0]
-        raise BfspoError(f"{path}:{bad['line']}: {bad['problem']}, in the middle of the file ({len(middle)} such "
-                         "line(s)); only the last line can be torn by a kill, so the file was changed by another "
-                         "writer or by hand. Repair or delete that line (rows after the last checkpoint are "
-                         "dropped on resume anyway), or start the run over in a new directory")
-    if torn is not None:
-        console.line(f"{path}:{torn['line']}: dropped a torn last line ({torn['problem']}), "
-                     "left by an interrupted run")
-    return rows
 
 
 class Trainer:
@@ -191,6 +169,31 @@ class Trainer:
 
     # --- one step -------------------------------------------------------------------------------
 
+    def round_seed(self, round_: int) -> int:
+        """The search seed of this step's generation round `round_` on this rank."""
+        return ((self.cfg.seed * 1_000_003 + self.step) * 64 + round_) * 1024 + self.rank * 128
+
+    def label(self, q: Question, tree, round_: int) -> None:
+        """Record in the tree's meta where it comes from: its question, step, round and rank."""
+        tree.meta.update(question_id=q.id, step=self.step, round=round_, rank=self.rank)
+
+    def generate(self, n: int, round_: int) -> list:
+        """The scored trees (Algorithm 1) of the next n questions, in one generation round (`batching.fill`)."""
+        cfg = self.cfg
+        qs = self.next_questions(n)
+        trees = build_trees(self.engine, [q.prompt_ids for q in qs], [self.scorer(q) for q in qs],
+                            group_size=cfg.group_size, k=cfg.k, budget=cfg.budget, selection=cfg.selection,
+                            temperature=cfg.temperature, top_p=cfg.top_p, seed=self.round_seed(round_),
+                            filter=cfg.filter)
+        for q, tree in zip(qs, trees):
+            self.label(q, tree, round_)
+        return trees
+
+    def add_question(self, search: StreamedSearch) -> None:
+        """Plant the next question's tree in the streamed search (`batching.fill_streamed`)."""
+        q = self.next_questions(1)[0]
+        self.label(q, search.trees[search.add(q.prompt_ids, self.scorer(q))], 0)
+
     def rollout(self) -> tuple[list, list, dict]:
         """(batch trees, all generated trees, stats) for this rank's share of the batch: Algorithm 1,
         rewards, advantages and dynamic sampling (bfspo/training/batching.py)."""
@@ -199,61 +202,28 @@ class Trainer:
         cfg = self.cfg
         target = self.rank_chains
         missed = timeouts()
-
         self.engine.pop_occupancy()  # drop what validation's calls counted
-
-        def seed_of(round_: int) -> int:
-            return ((cfg.seed * 1_000_003 + self.step) * 64 + round_) * 1024 + self.rank * 128
-
-        def prepare(q: Question, tree, round_: int) -> None:
-            tree.meta.update(question_id=q.id, step=self.step, round=round_, rank=self.rank)
-
-        def generate(n: int, round_: int) -> list:
-            qs = self.next_questions(n)
-            trees = build_trees(self.engine, [q.prompt_ids for q in qs], [self.scorer(q) for q in qs],
-                                group_size=cfg.group_size, k=cfg.k, budget=cfg.budget, selection=cfg.selection,
-                                temperature=cfg.temperature, top_p=cfg.top_p, seed=seed_of(round_), filter=cfg.filter)
-            for q, tree in zip(qs, trees):
-                prepare(q, tree, round_)
-            return trees
-
-        def keep(tree) -> bool:
-            return keep_tree(tree, cfg.filter)
-
+        keep = functools.partial(keep_tree, filter=cfg.filter)
         if self.rollout_kind == "streamed":
             search = StreamedSearch(self.engine, group_size=cfg.group_size, k=cfg.k, budget=cfg.budget,
                                     selection=cfg.selection, temperature=cfg.temperature, top_p=cfg.top_p,
-                                    seed=seed_of(0), filter=cfg.filter)
-
-            def add() -> None:
-                q = self.next_questions(1)[0]
-                prepare(q, search.trees[search.add(q.prompt_ids, self.scorer(q))], 0)
-
+                                    seed=self.round_seed(0), filter=cfg.filter)
             start = self.cursors[self.rank]
-            filled = batching.fill_streamed(search, add, keep, target, cfg.chains_per_question, cfg.oversample,
-                                            cfg.max_gen_rounds)
+            filled = batching.fill_streamed(search, functools.partial(self.add_question, search), keep, target,
+                                            cfg.chains_per_question, cfg.oversample, cfg.max_gen_rounds)
             # The step consumes the questions of its prefix only: those of the trees it dropped go back to
             # the data order, so that the next step's questions do not depend on the engine's timing either.
             self.cursors[self.rank] = start + len(filled.generated)
         else:
-            filled = batching.fill(generate, keep, target, cfg.chains_per_question, cfg.oversample,
+            filled = batching.fill(self.generate, keep, target, cfg.chains_per_question, cfg.oversample,
                                    cfg.max_gen_rounds, agree=dist.any_rank)
         for tree in filled.generated:
             assign_rewards(tree, overlong=cfg.overlong, window=cfg.overlong_window)
             assign_advantages(tree, cfg.advantage)
         batch = batching.select(filled.kept, target)
         mine = batching.batch_stats(filled, batch, target)
-        stats = step_metrics.rollout_stats(filled.generated, batch)
-        # log_step sums chains and the group counts over ranks and averages the rest: the other
-        # batch statistics are the global ones, the same on every rank.
-        stats.update(batching.merge_ranks(dist.gather(mine)), chains=mine["chains"], groups_kept=len(filled.kept),
-                     chains_generated=sum(len(t.leaves()) for t in filled.generated),
-                     groups_filtered=len(filled.generated) - len(filled.kept),
-                     tokens_unique=sum(t.n_tokens for t in batch), tokens_total=sum(t.n_chain_tokens for t in batch),
-                     rollout_tokens=sum(t.n_tokens for t in filled.generated) + filled.aborted_tokens,
-                     tokens_aborted=filled.aborted_tokens, questions_aborted=filled.aborted,
-                     verify_timeouts=timeouts() - missed,
-                     **self.engine.pop_occupancy())
+        stats = step_metrics.rollout_row(filled, batch, mine, batching.merge_ranks(dist.gather(mine)),
+                                         timeouts() - missed, self.engine.pop_occupancy())
         return batch, filled.generated, stats
 
     def update(self, trees: list) -> dict:
@@ -300,24 +270,8 @@ class Trainer:
             losses.append(total)
             norms.append(float(norm))
         self.model.eval()
-        gaps = dist.gather(gap or (0.0, 0.0, 0))
-        count = sum(g[2] for g in gaps)
-        mean = lambda key: float(np.mean([s[key] for s in stats])) if stats else float("nan")  # noqa: E731
-        out = {"loss": float(np.mean(losses)) if losses else float("nan"), "optimizer_steps": len(losses),
-               "grad_norm": float(np.mean(norms)) if norms else float("nan"),
-               "clip_frac": mean("clip_frac"), "clip_frac_low": mean("clip_frac_low"),
-               "clip_frac_high": mean("clip_frac_high"), "ratio_mean": mean("ratio_mean"),
-               "ratio_max": max((s["ratio_max"] for s in stats), default=float("nan")),
-               "approx_kl": mean("approx_kl"), "skipped_steps": skipped, "nonfinite": self.nonfinite,
-               "old_logprobs_s": 0.0,  # no pass of its own: they come with the rollout
-               "logprob_gap_mean": sum(g[0] for g in gaps) / count if count else float("nan"),
-               "logprob_gap_max": max(g[1] for g in gaps) if count else float("nan")}
-        if rescored is not None:
-            out["rescore_s"] = rescored["seconds"]
-            out["rescore_tokens"] = rescored["row_tokens"]  # the forwards' rows, padding included
-            out["rescore_padding"] = (1 - rescored["tokens"] / rescored["row_tokens"] if rescored["row_tokens"]
-                                      else float("nan"))
-        return out
+        return step_metrics.update_stats(losses, norms, stats, skipped, self.nonfinite,
+                                         dist.gather(gap or (0.0, 0.0, 0)), rescored)
 
     # --- the run --------------------------------------------------------------------------------
 
@@ -326,7 +280,8 @@ class Trainer:
                 "tokens_seen": self.tokens_seen, "cursors": dist.gather(self.cursors[self.rank])}
 
     def restore(self) -> None:
-        """Load the last checkpoint, if any, and trim metrics.jsonl to the steps it covers."""
+        """Load the last checkpoint, if any, and trim metrics.jsonl to the steps it covers (saying
+        which of them lost their rows: the checkpoint's step stands, run_dir.trim_metrics)."""
         ckpt = checkpoint.latest(self.run_dir)
         if ckpt is not None:
             state = checkpoint.load(ckpt, self.model, self.optimizer)
@@ -337,11 +292,8 @@ class Trainer:
             self.cursors = list(state["cursors"])
             self.engine.sync_weights(self.model)  # an engine holding its own weights (vLLM) samples the restored policy
             console.line(f"resuming {self.run_dir} from step {self.step}")
-        metrics = self.run_dir / "metrics.jsonl"
-        if self.rank == 0 and metrics.exists():  # drop rows logged after the checkpoint, and a torn last line
-            rows = [r for _, r in read_metrics(metrics)]
-            kept = [r for r in rows if r["step"] <= self.step]
-            atomic_write_text(metrics, "".join(json.dumps(r) + "\n" for r in kept))
+        if self.rank == 0:
+            trim_metrics(self.run_dir / "metrics.jsonl", self.step)
 
     def save_checkpoint(self) -> None:
         state = self.state()
@@ -487,12 +439,17 @@ class Trainer:
 
         return token_texts(self.tokenizer, ids)
 
+    def optimizer_steps(self) -> int:
+        """Optimizer steps kept in the whole run: AdamW's own count, which a checkpoint restores (and
+        an undone non-finite step does not raise), so it survives a metrics.jsonl that lost rows."""
+        return max((int(s["step"]) for s in self.optimizer.state.values() if "step" in s), default=0)
+
     def finish(self) -> None:
         """The final adapter (through a temporary folder), then done.json last, naming the adapter
-        relative to the run directory (a copied run names its own) with its fingerprint; a run in
-        which no optimizer step was taken is an error, not a finished run."""
-        rows = [r for _, r in read_jsonl(self.run_dir / "metrics.jsonl")]
-        if not any(r.get("train/optimizer_steps") for r in rows):
+        relative to the run directory (a copied run names its own) with its fingerprint and the code
+        that trained it (bfspo.code_identity); a run in which no optimizer step was taken is an
+        error, not a finished run."""
+        if not self.optimizer_steps():
             raise BfspoError(f"{self.run_dir}: no optimizer step in {self.step} steps (every batch was filtered "
                              "out or skipped), so nothing was trained; check the budget, the data and the model")
         final, tmp = self.run_dir / "adapter", self.run_dir / "adapter.tmp"
@@ -502,23 +459,8 @@ class Trainer:
         tmp.rename(final)
         adapter = fingerprint.digest(fingerprint.folder_files(final, "adapter"))
         write_json(self.run_dir / "done.json", {"steps": self.step, "method": self.cfg.method, "adapter": final.name,
-                                                "adapter_sha256": adapter, "nonfinite": self.nonfinite})
-
-
-# what an earlier run leaves that a start must check: its record, a checkpoint to resume, done.json
-RUN_RECORDS = ("config.json", fingerprint.RUN_INPUTS, "done.json", checkpoint.NAME, f"{checkpoint.NAME}.old")
-# what stays when a run is moved aside: the log every attempt appends to (the workflow's shell holds it
-# open), the lock this process holds, and the folder the run moves to
-KEPT = ("train.log", runlock.LOCK_NAME, history.PREVIOUS_NAME)
-
-
-def run_inputs(cfg: TrainConfig, data: dict[str, str], stamps: dict[str, list[int]]) -> dict[str, dict[str, str]]:
-    """The fingerprints that, with the config, make a run what it is: the training data's bytes
-    (`data`, of the bytes the run trains on: bfspo.fingerprint.read_data), the base model's config
-    and weights, and its tokenizer, each file's stamp put in `stamps` (checked once the model has
-    loaded: `check_loaded`). val_data is left out, as it is from the config's comparison
-    (`identity_ignores`): it is observed, not trained on."""
-    return {"train_data": data, **fingerprint.model_inputs(cfg.model, stamps)}
+                                                "adapter_sha256": adapter, "nonfinite": self.nonfinite,
+                                                "code": code_identity.identity("train")})
 
 
 def check_loaded(data: dict[str, str], stamps: dict[str, list[int]]) -> None:
@@ -540,71 +482,10 @@ def check_loaded(data: dict[str, str], stamps: dict[str, list[int]]) -> None:
         raise BfspoError(problem)
 
 
-def prepare_run_dir(cfg: TrainConfig, run_dir: Path, inputs: dict[str, dict[str, str]]) -> bool:
-    """Check the run directory against the config and the fingerprints of the inputs (`run_inputs`);
-    False if the run there already finished. First, a move to previous/ that a kill interrupted is
-    completed, and the temporary files of killed writes are removed. A finished run is checked as
-    an unfinished one is:
-
-    - another config (fields other than those `identity_ignores`: W&B group, checkpoint period,
-      memory-only settings, ...) is an error naming the fields, since the directory holds another
-      run than the command asks for; with only those changed, an unfinished run resumes and records
-      the new values;
-    - the same config on inputs whose content changed (the data or the model rebuilt at the same
-      path, as a Snakemake rerun after an input change does), or whose fingerprints the run did not
-      record, is the command's run on new inputs: the old run is moved to a new previous/<n>/
-      (`set_aside`) and the run starts from step 0. Its checkpoint is never resumed, nor its adapter
-      published again.
-
-    config.json and inputs.json are written by `run` only once the model and data have loaded, so a
-    start that fails on them leaves no config to refuse the corrected command.
-    """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    moved = history.finish_set_aside(run_dir, lambda: run_entries(run_dir))
-    if moved is not None:
-        console.line(f"{run_dir}: finished moving an earlier run to {moved}, which a kill had interrupted")
-    for folder in (run_dir, run_dir / "trees"):
-        remove_temporaries(folder)
-    saved, new = run_dir / "config.json", cfg.to_dict()
-    if saved.exists():
-        old = read_json(saved)
-        ignored = identity_ignores(new)
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in ignored)
-        if diff:
-            raise BfspoError(f"{run_dir} holds a run with a different config ({', '.join(diff)}); "
-                             "use another --output-dir or delete it")
-    if not any((run_dir / name).exists() for name in RUN_RECORDS):
-        return True
-    recorded = read_json(run_dir / fingerprint.RUN_INPUTS) if (run_dir / fingerprint.RUN_INPUTS).exists() else {}
-    differ = fingerprint.changed(recorded, inputs)
-    if differ:
-        set_aside(run_dir, differ)
-        return True
-    return not (run_dir / "done.json").exists()
-
-
-def run_entries(run_dir: Path) -> list[str]:
-    """The entries of the run in run_dir: all but `KEPT`."""
-    return sorted(p.name for p in run_dir.iterdir() if p.name not in KEPT)
-
-
-def set_aside(run_dir: Path, differ: list[str]) -> None:
-    """Move the earlier run in run_dir (all but `KEPT`: its checkpoints, adapter, done.json, metrics,
-    trees, config, inputs and W&B run) to a new run_dir/previous/<n>/, crash-safe and keeping every
-    earlier one (bfspo.history), and say what was moved: a finished run or an unfinished one.
-    `bfspo sync` never uploads a W&B run under previous/; the new run gets a W&B run of its own."""
-    what = "a finished run (done.json, adapter/)" if (run_dir / "done.json").exists() else "an unfinished run"
-    wandb_id = run_dir / "wandb_id.txt"
-    if wandb_id.is_file():
-        what += f" and its W&B run {wandb_id.read_text(errors='replace').strip()}"
-    moved = history.set_aside(run_dir, run_entries(run_dir))
-    console.line(f"{run_dir}: its inputs changed since the run there was made ({'; '.join(differ)}): moved that "
-                 f"run, {what}, to {moved}, where it stays until you delete it; training from step 0")
-
-
 def train(cfg: TrainConfig, run_dir: Path) -> int:
     """`bfspo train` once its arguments are checked (bfspo/training/cli.py): train `cfg` in `run_dir`,
-    resuming from its checkpoint; 0 when the run is done."""
+    resuming from its checkpoint; 0 when the run is done. An earlier run on other inputs is set
+    aside only once the new model and data have loaded and been checked (bfspo.training.run_dir)."""
     device = resolve_device(cfg.device)  # before anything else: a GPU job without CUDA stops here
     if cfg.tree_attention == "flex" and device.type != "cuda":
         raise BfspoError(f"tree_attention: flex trains on CUDA only (torch has no flex attention backward pass on "
@@ -615,16 +496,19 @@ def train(cfg: TrainConfig, run_dir: Path) -> int:
         data, data_print = fingerprint.read_data(cfg.train_data)  # the bytes hashed are the bytes trained on
         stamps: dict[str, list[int]] = {}
         inputs = run_inputs(cfg, data_print, stamps) if rank == 0 else {}
-        fresh = prepare_run_dir(cfg, run_dir, inputs) if rank == 0 else True
-        if not dist.gather(fresh)[0]:
+        start = prepare_run_dir(cfg, run_dir, inputs) if rank == 0 else Start()
+        if dist.gather(start.finished)[0]:
             print(f"{run_dir}: already finished (done.json exists) with this config and these inputs")
             return 0
         try:
             trainer = Trainer(cfg, run_dir, data)
             check_loaded(data_print, stamps)
             if rank == 0:
+                if start.changed:
+                    set_aside(run_dir, start.changed)
                 write_json(run_dir / fingerprint.RUN_INPUTS, inputs)
                 write_json(run_dir / "config.json", cfg.to_dict())
+            dist.barrier()  # every rank resumes from what rank 0 left in place
             trainer.fit()
         finally:
             dist.teardown()
