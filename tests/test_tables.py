@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -292,3 +293,52 @@ def test_the_footnote_names_the_forms_the_cells_use(tmp_path, runs):
     build(tmp_path, SPEC, runs)  # DAPO over two seeds beside one-seed cells with intervals
     md = (tmp_path / "out" / "abl.md").read_text()
     assert "a ± s: mean ± std over seeds" in md and "one seed, its 95% interval over the questions" in md
+
+
+def _chains_run(runs: Path, run: str, body: bytes | None) -> Path:
+    path = runs / run / "metrics.jsonl"
+    path.parent.mkdir(parents=True)
+    if body is None:
+        os.mkfifo(path)
+    else:
+        path.write_bytes(body)
+    return path
+
+
+GOOD_ROW = json.dumps({"step": 1, "rollout/chains": 64, "rollout/chains_target": 64}) + "\n"
+
+
+@pytest.mark.parametrize("body, named", [
+    (GOOD_ROW.encode() + b'{"step": 2, "rollout/cha', "metrics.jsonl:2: not valid JSON"),
+    (GOOD_ROW.encode() + b'{"step": 2, "rollout/chains": 6\xff}\n', "metrics.jsonl:2: not UTF-8 text"),
+    (GOOD_ROW.encode() + b'{"step": 2, "rollout/chains": NaN, "rollout/chains_target": 64}\n',
+     "metrics.jsonl:2: rollout/chains nan and rollout/chains_target 64"),
+    (GOOD_ROW.encode() + b'{"step": 2, "rollout/chains": "64", "rollout/chains_target": 64}\n',
+     "metrics.jsonl:2: rollout/chains '64' and rollout/chains_target 64"),
+    (GOOD_ROW.encode() + b'{"step": 2, "rollout/chains": 64, "rollout/chains_target": [64]}\n',
+     "metrics.jsonl:2: rollout/chains 64 and rollout/chains_target [64]"),
+    (GOOD_ROW.encode() + b'{"step": 2, "rollout/chains": 64}\n', "rollout/chains_target None"),
+    (b"", "no step logs rollout/chains"),
+    (None, "not a regular file"),
+], ids=["torn", "not-utf8", "nan", "string", "list", "no-target", "empty", "fifo"])
+def test_the_chains_check_fails_naming_a_run_whose_rows_it_cannot_read(tmp_path, capsys, body, named):
+    """Issue 46: `bfspo tables chains` (make record-toy's check) passed runs whose rows it could not read,
+    and a row of the wrong type was a traceback; now each is exit 1 naming the run and the problem."""
+    runs = tmp_path / "runs"
+    _chains_run(runs, "toy_toy_dapo_s0", GOOD_ROW.encode())
+    _chains_run(runs, "toy_toy_bfspo_s0", body)
+    assert main(["tables", "chains", "--runs-dir", str(runs)]) == 1
+    out = capsys.readouterr().out
+    assert "toy_toy_bfspo_s0: cannot check (" in out and named in out and "Traceback" not in out
+    assert "toy_toy_dapo_s0" not in out
+
+
+@pytest.mark.parametrize("share", ["nan", "-1", "0", "1.5", "most"])
+def test_the_chains_check_refuses_a_share_outside_0_to_1(tmp_path, capsys, share):
+    runs = tmp_path / "runs"
+    _chains_run(runs, "toy_toy_dapo_s0", GOOD_ROW.encode())
+    with pytest.raises(SystemExit) as stop:
+        main(["tables", "chains", "--runs-dir", str(runs), "--share", share])
+    assert stop.value.code == 2
+    assert f"{share!r} is not a share in (0, 1]" in capsys.readouterr().err
+    assert main(["tables", "chains", "--runs-dir", str(runs), "--share", "1"]) == 0

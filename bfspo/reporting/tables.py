@@ -249,32 +249,84 @@ def write_table(spec: dict, rows: list[Row], out_dir: str | Path,
 # ---- training notes ----------------------------------------------------------------------------
 
 
+CHAINS, TARGET = "rollout/chains", "rollout/chains_target"
+
+
+def _count(value) -> float | None:
+    """A logged count of chains as a float, or None unless it is a finite number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def chain_rows(path: Path) -> list[dict]:
+    """The rows of a run's metrics.jsonl that log its chains, each with finite `rollout/chains` and a
+    positive `rollout/chains_target`. Anything else is a BfspoError naming the file and what is wrong:
+    not a regular file (a FIFO is never opened), a line that is no JSON object (torn, not UTF-8), a
+    count that is not a finite number, or no row logging the chains at all (an empty file)."""
+    if not path.is_file():
+        raise BfspoError(f"{path}: not a regular file")
+    rows = []
+    for lineno, r in read_jsonl(path):
+        if CHAINS not in r:
+            continue
+        chains, target = _count(r[CHAINS]), _count(r.get(TARGET))
+        if chains is None or target is None or target <= 0:
+            raise BfspoError(f"{path}:{lineno}: {CHAINS} {r[CHAINS]!r} and {TARGET} {r.get(TARGET)!r} must be "
+                             "finite numbers, the target above 0")
+        rows.append(dict(r, **{CHAINS: chains, TARGET: target}))
+    if not rows:
+        raise BfspoError(f"{path}: no step logs {CHAINS}")
+    return rows
+
+
 def short_batch_notes(runs_dir: str | Path, runs: list[str], share: float = 1.0) -> list[str]:
     """One note per training run whose metrics.jsonl logs a batch of fewer than `share` of its target
-    chains (`rollout/chains` against `rollout/chains_target`; with share 1, `rollout/batch_full` 0)."""
+    chains (`rollout/chains` against `rollout/chains_target`; with share 1, `rollout/batch_full` 0).
+    A run without a metrics.jsonl is left out; one whose rows cannot be read is an error (`chain_rows`)."""
     notes = []
     for run in runs:
         path = Path(runs_dir) / run / "metrics.jsonl"
-        if not path.is_file():
+        if not (path.exists() or path.is_symlink()):
             continue
-        rows = [r for _, r in read_jsonl(path, skipped=[]) if "rollout/chains" in r]
-        short = [r for r in rows if r["rollout/chains"] < share * r["rollout/chains_target"]]
+        rows = chain_rows(path)
+        short = [r for r in rows if r[CHAINS] < share * r[TARGET]]
         if short:
-            worst = min(short, key=lambda r: r["rollout/chains"])
+            worst = min(short, key=lambda r: r[CHAINS])
             notes.append(f"{run}: {len(short)} of {len(rows)} steps trained on a short batch (fewest: "
-                         f"{worst['rollout/chains']:.0f} of {worst['rollout/chains_target']:.0f} chains, step {worst['step']}).")
+                         f"{worst[CHAINS]:.0f} of {worst[TARGET]:.0f} chains, step {worst.get('step', '?')}).")
     return notes
+
+
+def share_of_target(text: str) -> float:
+    """--share: a number in (0, 1] (NaN, 0, negatives and more than 1 would pass every run or none)."""
+    try:
+        share = float(text)
+    except ValueError:
+        share = math.nan
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share in (0, 1]")
+    return share
 
 
 def check_chains(runs_dir: str | Path, share: float) -> str:
     """Issue 36's check of a finished DAG: every run under `runs_dir` trained at least `share` of its
-    target chains at every step. Returns what it checked; a BfspoError names every run that did not."""
+    target chains at every step. Returns what it checked; a BfspoError names every run that did not,
+    and every run whose metrics.jsonl cannot be read (`chain_rows`)."""
+    if not 0 < share <= 1:
+        raise BfspoError(f"share {share!r} is not in (0, 1]")
     runs = sorted(p.parent.name for p in Path(runs_dir).glob("*/metrics.jsonl"))
     if not runs:
         raise BfspoError(f"{runs_dir}: no training run with a metrics.jsonl")
-    notes = short_batch_notes(runs_dir, runs, share)
+    notes = []
+    for run in runs:
+        try:
+            notes += short_batch_notes(runs_dir, [run], share)
+        except BfspoError as e:
+            notes.append(f"{run}: cannot check ({e})")
     if notes:
-        raise BfspoError(f"runs whose batch fell below {share:.0%} of its target chains:\n  " + "\n  ".join(notes))
+        raise BfspoError(f"runs whose batch fell below {share:.0%} of its target chains, or that cannot be "
+                         "checked:\n  " + "\n  ".join(notes))
     return f"{len(runs)} runs under {runs_dir}: every step trained at least {share:.0%} of its target chains."
 
 
@@ -321,7 +373,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--out-dir", required=True)
     k = sub.add_parser("chains", help="check that every run trained its target chains at every step (exit 1 if not)")
     k.add_argument("--runs-dir", required=True, help="training run directories (results/runs)")
-    k.add_argument("--share", type=float, default=0.95, help="the least share of the target chains (default 0.95)")
+    k.add_argument("--share", type=share_of_target, default=0.95,
+                   help="the least share of the target chains, in (0, 1] (default 0.95)")
 
 
 def run(args) -> int:
