@@ -25,9 +25,9 @@ def profile_attempts(profile: Path = PROFILE) -> int | None:
     """Attempts a job gets under the Slurm profile: its `retries` + 1 (None: no profile at hand)."""
     if not profile.is_file():
         return None
-    import yaml
+    from bfspo.io import read_yaml
 
-    return int((yaml.safe_load(profile.read_text()) or {}).get("retries", 0)) + 1
+    return int((read_yaml(profile) or {}).get("retries", 0)) + 1
 
 
 def gpus(m: Matrix, run: str, stage: str) -> int:

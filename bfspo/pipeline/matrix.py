@@ -20,6 +20,7 @@ import re
 import shlex
 from pathlib import Path
 
+from bfspo.errors import BfspoError
 from bfspo.pipeline import slurm
 from bfspo.pipeline.schema import SCHEMA, ConfigProblems, SchemaError, validate_config
 
@@ -49,12 +50,14 @@ def normalise_numbers(config: dict) -> None:
 def load_config(path: str | Path, schema: str | Path = SCHEMA) -> dict:
     """A workflow config file as the workflow reads it: YAML, numbers normalised, validated against
     the schema with its defaults filled in (`validate_config`, as workflow/rules/common.smk)."""
-    import yaml
+    from bfspo.io import read_yaml
 
     try:
-        config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
+        config = read_yaml(path)
+    except OSError as e:
         raise ConfigError([f"cannot read {path}: {e}"]) from None
+    except BfspoError as e:
+        raise ConfigError([str(e)]) from None
     if not isinstance(config, dict):
         raise ConfigError([f"{path}: a workflow config is a YAML mapping"])
     normalise_numbers(config)

@@ -25,10 +25,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from bfspo import tracking
 from bfspo.errors import BfspoError
+from bfspo.io import read_yaml
 from bfspo.tracking import REHEARSAL_SUFFIX, REHEARSAL_TAG
 
 
@@ -71,8 +70,8 @@ def rehearsal_roots(results: Path) -> list[Path]:
     roots = []
     for config in [results / "config.yaml", *results.rglob("*/config.yaml")]:
         try:
-            loaded = yaml.safe_load(config.read_text()) if config.is_file() else None
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            loaded = read_yaml(config) if config.is_file() else None
+        except (OSError, BfspoError):
             continue
         if isinstance(loaded, dict) and "stand_ins" in loaded:
             roots.append(config.parent)
