@@ -140,3 +140,29 @@ def test_rehearsal_runs_never_reach_the_papers_project(tmp_path, offline, fake_w
     assert all("/runs/paper/" not in c[-1] for c in fake_wandb)
     assert cli.main(["sync", str(results / "runs"), "--rehearsal"]) == 2
     assert "no rehearsal runs to upload" in capsys.readouterr().err
+
+
+def test_a_fifo_in_place_of_a_run_file_is_skipped_with_a_warning(tmp_path, offline, capsys):
+    """Issue 46: a FIFO in place of a `.wandb` file hung `sync --list` and left a stuck child; the run
+    is left out, with a warning naming the file, and the others are listed."""
+    import os
+    import sys
+
+    from tests.helpers import process
+
+    results = tmp_path / "results"
+    kept = _run(results / "runs" / "m_ts_dapo_s0", "train")
+    _run(results / "runs" / "m_ts_dapo_s1", "train")
+    (run_file,) = (results / "runs" / "m_ts_dapo_s1" / "wandb").glob("offline-run-*/run-*.wandb")
+    run_file.unlink()
+    os.mkfifo(run_file)
+    try:
+        proc = process.run([sys.executable, "-m", "bfspo.cli", "sync", str(results), "--list"], timeout=60,
+                           capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("bfspo sync --list hung on a FIFO")
+    assert proc.returncode == 0 and f"warning: {run_file}: not a regular file; its run is left out" in proc.stderr
+    assert [line.split("\t")[0] for line in proc.stdout.splitlines()[1:]] == ["m_ts_dapo_s0"]
+    assert [r.run_id for r in find_runs(results)] == [kept]
+    with pytest.raises(BfspoError, match="not a regular file"):
+        tracking.read_run(run_file.parent)
