@@ -73,28 +73,64 @@ def remove_temporaries(folder: str | os.PathLike) -> list[str]:
     return sorted(p.name for p in found)
 
 
+def _temporary(path: Path, text: str) -> str:
+    """A fsynced temporary file beside `path` (`.NAME.<random>.tmp`) holding `text`; its name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+        _write_all(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return tmp
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder, then rename it into place."""
-    path = Path(path)
-    tmp = None
+    atomic_write_set({path: text})
+
+
+def atomic_write_set(files: dict, marker: str | os.PathLike | None = None) -> None:
+    """Write several files ({path: text}) as one unit: each to a temporary file first, then `marker`
+    (naming the files being replaced), then each renamed into place, then the marker removed. A kill
+    leaves either the old files (and temporaries, `remove_temporaries`), or the marker beside a mix
+    of old and new files: a half-written set is never taken for a finished one (`check_set`). One
+    file needs no marker (its rename is atomic)."""
+    paths = [Path(p) for p in files]
+    tmps: dict[Path, str] = {}
+    current = paths[0]
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
-        try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(fd, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-            _write_all(fd, text.encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        for current, text in zip(paths, files.values()):
+            tmps[current] = _temporary(current, text)
+        if marker is not None:
+            current = Path(marker)
+            atomic_write_text(current, "being replaced: " + ", ".join(p.name for p in paths) + "\n")
+        for current in paths:
+            os.replace(tmps[current], current)
+            del tmps[current]
+        if marker is not None:
+            current = Path(marker)
+            current.unlink()
     except BaseException as e:
-        if tmp is not None:
+        for tmp in tmps.values():
             Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
-            raise write_error(path, e) from None
+            raise write_error(current, e) from None
         raise
+
+
+def check_set(marker: str | os.PathLike, path: str | os.PathLike) -> None:
+    """BfspoError naming `path` when the set of files it belongs to was left half-written
+    (`atomic_write_set`'s `marker` is still there)."""
+    if Path(marker).exists():
+        raise BfspoError(f"{path}: half-written ({Path(marker).name} is there: a write of its set of files "
+                         "was interrupted); write the set again")
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:

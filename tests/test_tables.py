@@ -342,3 +342,46 @@ def test_the_chains_check_refuses_a_share_outside_0_to_1(tmp_path, capsys, share
     assert stop.value.code == 2
     assert f"{share!r} is not a share in (0, 1]" in capsys.readouterr().err
     assert main(["tables", "chains", "--runs-dir", str(runs), "--share", "1"]) == 0
+
+
+class Killed(BaseException):
+    """What a kill does to the build, here: stop it between two steps."""
+
+
+@pytest.mark.parametrize("renamed", [0, 1, 2])
+def test_a_build_killed_between_its_files_leaves_a_marker_that_report_refuses(tmp_path, runs, monkeypatch, capsys,
+                                                                              renamed):
+    """Issue 46: a kill during a hand-run `bfspo tables build` left the new abl.csv beside the old .md and
+    .tex. The three files are written as one unit: all to temporaries, then abl.incomplete, then the
+    renames, then the marker removed; a kill between renames leaves the marker, `bfspo report` refuses
+    the table, and the next build completes the set."""
+    import bfspo.io as bio
+
+    out = tmp_path / "out"
+    build = ["tables", "build", "--spec", json.dumps(SPEC), "--out-dir", str(out), "--summaries"]
+    assert main(build + runs[:2]) == 0
+    old = {ext: (out / f"abl.{ext}").read_text() for ext in ("csv", "md", "tex")}
+    real, done = os.replace, []
+
+    def replace(src, dst):
+        if Path(dst).parent == out and Path(dst).stem == "abl" and Path(dst).suffix != ".incomplete":
+            if len(done) == renamed:
+                raise Killed
+            done.append(Path(dst).suffix[1:])
+        real(src, dst)
+
+    monkeypatch.setattr(bio.os, "replace", replace)
+    with pytest.raises(Killed):
+        main(build + runs)
+    monkeypatch.setattr(bio.os, "replace", real)
+    now = {ext: (out / f"abl.{ext}").read_text() for ext in ("csv", "md", "tex")}
+    assert [ext for ext in now if now[ext] != old[ext]] == done  # a mix of new and old files ...
+    assert (out / "abl.incomplete").exists()  # ... that says so
+    assert sorted(p.name for p in out.iterdir()) == ["abl.csv", "abl.incomplete", "abl.md", "abl.tex"]
+    report = ["report", "--project", "p", "--group", "abl", "--mode", "disabled", "--tables", str(out / "abl.csv"),
+              "--wandb-dir", str(tmp_path / "wandb"), "--out", str(tmp_path / "report.json")]
+    assert main(report) == 2
+    assert f"{out / 'abl.csv'}: half-written (abl.incomplete is there" in capsys.readouterr().err
+    assert main(build + runs) == 0
+    assert not (out / "abl.incomplete").exists() and all((out / f"abl.{ext}").read_text() != old[ext] for ext in old)
+    assert main(report) == 0

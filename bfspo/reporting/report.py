@@ -21,14 +21,18 @@ import pandas as pd
 
 from bfspo import tracking
 from bfspo.errors import BfspoError
-from bfspo.io import write_json
+from bfspo.io import check_set, write_json
+from bfspo.reporting.tables import incomplete_marker
 
 
 def collect(tables: list[Path], figure_dirs: list[Path]) -> tuple[list[Path], list[Path]]:
-    """The table files and the PNG figures to log; a missing one is an error."""
+    """The table files and the PNG figures to log; a missing one is an error, and so is a table whose
+    files were left half-written (`bfspo.reporting.tables.incomplete_marker`)."""
     missing = [str(p) for p in tables if not p.is_file()] + [str(d) for d in figure_dirs if not d.is_dir()]
     if missing:
         raise BfspoError(f"nothing to report at {', '.join(missing)}")
+    for p in tables:
+        check_set(incomplete_marker(p.parent, p.stem), p)
     return tables, sorted(p for d in figure_dirs for p in d.glob("*.png"))
 
 

@@ -11,6 +11,8 @@ Source column, and DIR/<name>.csv with the same cells as numbers, one row per ce
             AES (App. E) against OUR zero-shot run of the same model and benchmark, per seed;
   paper     the paper's printed number for the row above it (reported_results.csv);
   reported  rows the paper took from other work (SFT, TokenSkip, Tree of Thoughts), never run here.
+The three files are written as one unit (`incomplete_marker`): a kill between their renames leaves
+DIR/<name>.incomplete beside the mix, `bfspo report` refuses the table, and the next build completes it.
 With --runs-dir, every evaluation of a trained run must have scored the adapter its run published
 on the base model the run was trained on, by content (`summaries.check_trained_on`), and the
 Markdown notes name every training run of the table whose batches came out short (`rollout/batch_full` 0 or false in its metrics.jsonl: dynamic sampling ran out of rounds), with how many
@@ -37,7 +39,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from bfspo.errors import BfspoError
-from bfspo.io import atomic_write_text, read_jsonl
+from bfspo.io import atomic_write_set, atomic_write_text, read_jsonl
 from bfspo.evaluation.metrics import aes_consistency
 from bfspo.reporting.owner import write_owner
 from bfspo.reporting.latex import NO, YES, latex_escape
@@ -233,16 +235,25 @@ def to_latex(df: pd.DataFrame, spec: dict) -> str:
     )
 
 
+def incomplete_marker(out_dir: str | Path, name: str) -> Path:
+    """The file that says table `name`'s files in `out_dir` are being replaced: its CSV, Markdown and
+    LaTeX files are written as one unit (bfspo.io.atomic_write_set), so a kill between their renames
+    leaves this marker beside the mix of old and new files, and `bfspo report` refuses the table."""
+    return Path(out_dir) / f"{name}.incomplete"
+
+
 def write_table(spec: dict, rows: list[Row], out_dir: str | Path,
                 notes: list[str] = ()) -> list[Path]:
     out = Path(out_dir)
     paths = [out / f"{spec['name']}.{ext}" for ext in ("csv", "md", "tex")]
     df = build_table(spec, rows)
     flat = _flat(df)
-    atomic_write_text(paths[0], numeric_table(spec, rows).to_csv(index=False))
     short = "".join(f"\nShort batches: {note}\n" for note in notes)
-    atomic_write_text(paths[1], f"## {spec['title']}\n\n{flat.to_markdown(index=False, disable_numparse=True)}\n\n{legend(rows)}\n{short}")
-    atomic_write_text(paths[2], to_latex(df, spec))
+    atomic_write_set({
+        paths[0]: numeric_table(spec, rows).to_csv(index=False),
+        paths[1]: f"## {spec['title']}\n\n{flat.to_markdown(index=False, disable_numparse=True)}\n\n{legend(rows)}\n{short}",
+        paths[2]: to_latex(df, spec),
+    }, incomplete_marker(out, spec["name"]))
     return paths
 
 
