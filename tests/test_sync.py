@@ -2,6 +2,7 @@
 uploads a resumed run's fragments together, oldest first, and never puts a rehearsal run in the
 paper's project."""
 
+import json
 import subprocess
 from types import SimpleNamespace
 
@@ -166,3 +167,26 @@ def test_a_fifo_in_place_of_a_run_file_is_skipped_with_a_warning(tmp_path, offli
     assert [r.run_id for r in find_runs(results)] == [kept]
     with pytest.raises(BfspoError, match="not a regular file"):
         tracking.read_run(run_file.parent)
+
+
+def test_a_rebuilt_tables_report_sets_the_stale_report_aside(tmp_path, offline, capsys):
+    """Issue 45: after a rerun, `sync --list` showed two report runs with one name, the stale one and
+    the new one. The earlier report run is set aside under previous/<n>/, as a stale run is."""
+    import pandas as pd
+
+    results = tmp_path / "results"
+    csv = tmp_path / "t.csv"
+    pd.DataFrame({"Method": ["DAPO"], "mean": [82.5]}).to_csv(csv, index=False)
+    report = ["report", "--project", "p", "--group", "t", "--tables", str(csv), "--wandb-dir", str(results / "wandb"),
+              "--out", str(results / "report" / "t.json")]
+    ids = []
+    for _ in range(2):
+        assert cli.main(report) == 0
+        ids.append(json.loads((results / "report" / "t.json").read_text())["run_id"])
+    assert ids[0] != ids[1]
+    assert [(r.name, r.run_id) for r in find_runs(results)] == [("t", ids[1])]
+    capsys.readouterr()
+    assert cli.main(["sync", str(results), "--list"]) == 0
+    assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["t"]
+    (previous,) = (results / "wandb" / "report-t" / "previous").iterdir()
+    assert previous.name == "1" and (previous / "wandb_id.txt").read_text().strip() == ids[0]
