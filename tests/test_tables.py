@@ -385,3 +385,21 @@ def test_a_build_killed_between_its_files_leaves_a_marker_that_report_refuses(tm
     assert main(build + runs) == 0
     assert not (out / "abl.incomplete").exists() and all((out / f"abl.{ext}").read_text() != old[ext] for ext in old)
     assert main(report) == 0
+
+
+def test_branch_adv_follows_the_advantage_kind_not_its_name(monkeypatch):
+    """Issue 45: a branch-style advantage variant (one advantage per segment, as Eq. 9) showed ✗ under
+    Branch Adv. because its name is not `branch`; the mark comes from the registry's kind."""
+    from bfspo.algorithm import advantages
+    from bfspo.reporting.latex import NO, YES
+    from bfspo.reporting.tables import _descriptors
+
+    monkeypatch.setitem(advantages.ADVANTAGES, "branch-scaled", advantages.AdvantageKind(lambda t, e: None, per_chain=False))
+    monkeypatch.setitem(advantages.ADVANTAGES, "leaf", advantages.AdvantageKind(lambda t, e: None, per_chain=True))
+    model = {"label": "M"}
+
+    def mark(advantage, k=3):
+        return _descriptors("ablation", model, "x", {"k": k, "advantage": advantage, "overlong": True})[2]
+
+    assert [mark("branch"), mark("branch-scaled"), mark("global"), mark("leaf"), mark("global", k=0)] == \
+        [YES, YES, NO, NO, "-"]

@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from bfspo.algorithm.advantages import advantage_kind
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_set, atomic_write_text, read_jsonl
 from bfspo.evaluation.metrics import aes_consistency
@@ -136,10 +137,13 @@ def _cells(values: list[dict | None]) -> list[str]:
 
 
 def _descriptors(layout: str, model: dict, label: str, method: dict | None, ratio=None) -> list[str]:
+    """The row's descriptor cells. In the ablation, Branch Adv. is ✓ for an advantage variant whose
+    kind (bfspo.algorithm.advantages.ADVANTAGES) puts one advantage on each segment, as Eq. 9's branch
+    advantage does, whatever its name; ✗ for one per chain; - without a tree (K = 0)."""
     if layout == "ablation":
         if method is None:
             return [label, NONE, NONE, NONE]
-        branch = NONE if method["k"] == 0 else (YES if method["advantage"] == "branch" else NO)
+        branch = NONE if method["k"] == 0 else (NO if advantage_kind(method["advantage"]).per_chain else YES)
         return [label, str(method["k"]), branch, YES if method["overlong"] else NO]
     if layout == "ratios":
         return [model["label"], label, NONE if ratio is None or pd.isna(ratio) else f"{ratio:.1f}"]
