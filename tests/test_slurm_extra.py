@@ -18,14 +18,14 @@ def refused(extra: str) -> list[str]:
 @pytest.mark.parametrize("extra, named", [
     ("-t1", "'-t1' is not allowed here (sbatch reads it as --time) (use the size class's train_runtime"),
     ("-Aother", "'-Aother' is not allowed here (sbatch reads it as --account) (use slurm.account)"),
-    ("--partit=long", "'--partit' is not allowed here (sbatch reads it as --partition) (use slurm.partition)"),
-    ("--sig=USR1@60", "'--sig' is not allowed here (sbatch reads it as --signal) (bfspo sets the trainer's"),
-    ("--qo=high", "'--qo' is not allowed here (sbatch reads it as --qos) (use slurm.qos)"),
+    ("--partit=long", "'--partit' is not allowed here (an abbreviation of --partition) (use slurm.partition)"),
+    ("--sig=USR1@60", "'--sig' is not allowed here (an abbreviation of --signal) (bfspo sets the trainer's"),
+    ("--qo=high", "'--qo' is not allowed here (an abbreviation of --qos) (use slurm.qos)"),
     ("--gpus-per-node=8", "'--gpus-per-node' is not allowed here (use slurm.gpu_type)"),
     ("--exclusive -vt 10", "'-vt' is not allowed here (sbatch reads it as --time)"),
     ("-q high", "'-q' is not allowed here (sbatch reads it as --qos)"),
-    ("--mem-per-g=10G", "'--mem-per-g' is not allowed here (sbatch reads it as --mem-per-gpu)"),
-    ("--me=1G", "'--me' is not allowed here (sbatch reads it as --mem or --mem-per-cpu or --mem-per-gpu) "
+    ("--mem-per-g=10G", "'--mem-per-g' is not allowed here (an abbreviation of --mem-per-gpu)"),
+    ("--me=1G", "'--me' is not allowed here (an abbreviation of --mem or --mem-per-cpu or --mem-per-gpu) "
                 "(use the size class's mem_mb)"),
     ("--qos=high", "'--qos' is not allowed here (use slurm.qos)"),
 ], ids=["t1", "Aother", "partit", "sig", "qo", "gpus-per-node", "bundled", "q", "mem-per-g", "ambiguous", "exact"])

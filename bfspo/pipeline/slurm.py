@@ -151,7 +151,9 @@ def _extra_problems(where: str, text: str) -> list[str]:
         if not names:
             continue
         shown = word.split("=", 1)[0]
-        spelt = "" if [shown] == [f"--{n}" for n in names] else f" (sbatch reads it as {' or '.join(f'--{n}' for n in names)})"
+        long = " or ".join(f"--{n}" for n in names)
+        spelt = ("" if [shown] == [f"--{n}" for n in names] else
+                 f" (an abbreviation of {long})" if shown.startswith("--") else f" (sbatch reads it as {long})")
         why = "; ".join(dict.fromkeys(REFUSED[n] for n in names))
         out.append(f"{where}: {shown!r} is not allowed here{spelt} ({why})")
     return out
