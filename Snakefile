@@ -15,6 +15,22 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
+# Every config file through bfspo's YAML reader (bfspo/io.py) before any code walks the config.
+# Snakemake loads an alias as a shared reference, so a kilobyte of aliases of aliases loads at once
+# and expands without bound only when the schema validation (or its error message) walks it.
+import sys
+
+from bfspo.errors import BfspoError
+from bfspo.io import check_expansion, read_yaml
+
+try:
+    for _path in workflow.configfiles:
+        read_yaml(_path)
+    check_expansion(config, "the config (--configfile and --config merged)")
+except BfspoError as e:
+    sys.exit(f"invalid config: {e}")
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/toy.smk"

@@ -10,6 +10,14 @@ file (`.NAME.<random>.tmp`), which `remove_temporaries` clears at the next start
 A document or line is read only if it is UTF-8 text, nested at most `MAX_DEPTH` deep (checked
 before parsing: a row of 100,000 brackets would otherwise exhaust Python's recursion) and a JSON
 object; anything else is named, never a traceback.
+
+Every YAML file bfspo reads (workflow and training configs, the Slurm profile, the config schema)
+goes through `read_yaml`, and every YAML text (a `--set` value) through `parse_yaml`: at most
+`MAX_YAML_BYTES`, UTF-8, and at most `MAX_YAML_NODES` values once every alias is expanded
+(`check_expansion`). PyYAML builds an alias as a reference, so a kilobyte of aliases of aliases
+loads at once as a few shared lists; whatever walks it afterwards (a schema validation, an error
+message that prints it) expands it, without bound. The workflow checks its merged `config` with
+`check_expansion` as well (workflow/rules/common.smk), before anything walks it.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import tempfile
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
+import yaml
 
 from bfspo.errors import BfspoError
 
@@ -63,28 +73,64 @@ def remove_temporaries(folder: str | os.PathLike) -> list[str]:
     return sorted(p.name for p in found)
 
 
+def _temporary(path: Path, text: str) -> str:
+    """A fsynced temporary file beside `path` (`.NAME.<random>.tmp`) holding `text`; its name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+        _write_all(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return tmp
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder, then rename it into place."""
-    path = Path(path)
-    tmp = None
+    atomic_write_set({path: text})
+
+
+def atomic_write_set(files: dict, marker: str | os.PathLike | None = None) -> None:
+    """Write several files ({path: text}) as one unit: each to a temporary file first, then `marker`
+    (naming the files being replaced), then each renamed into place, then the marker removed. A kill
+    leaves either the old files (and temporaries, `remove_temporaries`), or the marker beside a mix
+    of old and new files: a half-written set is never taken for a finished one (`check_set`). One
+    file needs no marker (its rename is atomic)."""
+    paths = [Path(p) for p in files]
+    tmps: dict[Path, str] = {}
+    current = paths[0]
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
-        try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(fd, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-            _write_all(fd, text.encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        for current, text in zip(paths, files.values()):
+            tmps[current] = _temporary(current, text)
+        if marker is not None:
+            current = Path(marker)
+            atomic_write_text(current, "being replaced: " + ", ".join(p.name for p in paths) + "\n")
+        for current in paths:
+            os.replace(tmps[current], current)
+            del tmps[current]
+        if marker is not None:
+            current = Path(marker)
+            current.unlink()
     except BaseException as e:
-        if tmp is not None:
+        for tmp in tmps.values():
             Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
-            raise write_error(path, e) from None
+            raise write_error(current, e) from None
         raise
+
+
+def check_set(marker: str | os.PathLike, path: str | os.PathLike) -> None:
+    """BfspoError naming `path` when the set of files it belongs to was left half-written
+    (`atomic_write_set`'s `marker` is still there)."""
+    if Path(marker).exists():
+        raise BfspoError(f"{path}: half-written ({Path(marker).name} is there: a write of its set of files "
+                         "was interrupted); write the set again")
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:
@@ -217,3 +263,67 @@ def read_json(path: str | os.PathLike) -> dict:
     if problem is not None:
         raise BfspoError(f"{path}: {problem}")
     return obj
+
+
+MAX_YAML_BYTES = 1 << 20  # a YAML file bfspo reads; config/paper.yaml is 9 KB
+MAX_YAML_NODES = 100_000  # values of a YAML document with its aliases expanded; paper.yaml has about 1,000
+
+
+def check_expansion(data: Any, source: str, limit: int = MAX_YAML_NODES) -> None:
+    """BfspoError naming `source` unless `data` (mappings, lists and scalars, as YAML loads them)
+    holds at most `limit` values when every shared part is counted as often as it is referred to,
+    and contains no part of itself. Counted once per distinct part: linear in what was loaded."""
+    sizes: dict[int, int] = {}
+    open_ids: set[int] = set()
+
+    def size(x, depth: int) -> int:
+        if not isinstance(x, (dict, list)):
+            return 1
+        key = id(x)
+        if key in sizes:
+            return sizes[key]
+        if key in open_ids:
+            raise BfspoError(f"{source}: a YAML alias refers to a value that contains it")
+        if depth > MAX_DEPTH:
+            raise BfspoError(f"{source}: YAML nested more than {MAX_DEPTH} levels deep")
+        open_ids.add(key)
+        total = 1
+        for item in (x.items() if isinstance(x, dict) else x):
+            total += sum(size(y, depth + 1) for y in item) if isinstance(x, dict) else size(item, depth + 1)
+            if total > limit:
+                raise BfspoError(f"{source}: more than {limit:,} values once its YAML aliases are expanded "
+                                 "(aliases of aliases?); refused")
+        open_ids.discard(key)
+        sizes[key] = total
+        return total
+
+    size(data, 0)
+
+
+def parse_yaml(text: str | bytes, source: str) -> Any:
+    """The YAML document `text` (`source` names it in errors): UTF-8, valid YAML, and within
+    `check_expansion`; anything else is a BfspoError naming `source`."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BfspoError(f"{source}: not UTF-8 text (byte {e.start + 1})") from None
+    try:
+        data = yaml.load(text, Loader=yaml.SafeLoader)  # libyaml's CSafeLoader crashes on deep nesting
+    except yaml.YAMLError as e:
+        raise BfspoError(f"{source}: not valid YAML ({' '.join(str(e).split())})") from None
+    except RecursionError:
+        raise BfspoError(f"{source}: YAML nested too deeply to parse") from None
+    check_expansion(data, source)
+    return data
+
+
+def read_yaml(path: str | os.PathLike) -> Any:
+    """The YAML file at `path` (a regular file of at most MAX_YAML_BYTES), through `parse_yaml`."""
+    path = Path(path)
+    check_file(path)
+    with path.open("rb") as f:
+        raw = f.read(MAX_YAML_BYTES + 1)
+    if len(raw) > MAX_YAML_BYTES:
+        raise BfspoError(f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB, too large for a YAML config")
+    return parse_yaml(raw, str(path))

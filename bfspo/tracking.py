@@ -166,6 +166,8 @@ def read_run(folder: Path) -> dict:
     from wandb.util import get_core_path
 
     (wandb_file,) = folder.glob("run-*.wandb")
+    if not wandb_file.is_file():  # a FIFO would hold wandb's reader, and this call, forever
+        raise BfspoError(f"{wandb_file}: not a regular file")
     command = [get_core_path(), "leet", "inspect", "--no-observability", "--json", "--run-file",
                str(wandb_file.resolve()), str(folder.resolve().parent)]
     try:

@@ -90,7 +90,7 @@ def test_overrides_are_yaml_scalars(tmp_path):
     (["model=m", "train_data=d", "seed=abc"], "seed must be an integer >= 0, got 'abc'"),
     (["model=null", "train_data=d"], "model must be a non-empty string, got None"),
     (["model=m", "train_data=d", "lora_target_modules=[]"], "lora_target_modules must be a non-empty list"),
-    (["model=m", "train_data=d", "k=[1"], "k=[1': the value is not valid YAML"),
+    (["model=m", "train_data=d", "k=[1"], "k=[1': the value: not valid YAML"),
     (["model=m", "train_data=d", "per_request_seeds=1"], "per_request_seeds must be true, false or null, got 1"),
     (["model=m", "train_data=d", "max_num_seqs=0"], "max_num_seqs must be a positive integer"),
     (["model=m", "train_data=d", "collective_timeout_min=0"], "collective_timeout_min must be a positive integer"),
@@ -114,7 +114,7 @@ def test_missing_config_file():
 def test_a_yaml_syntax_error_in_the_config_file_is_named(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("model: m\ntrain_data: [d\n")
-    with pytest.raises(BfspoError, match="c.yaml: not a valid YAML file"):
+    with pytest.raises(BfspoError, match="c.yaml: not valid YAML"):
         load_train_config(str(f), [])
 
 

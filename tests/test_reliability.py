@@ -309,11 +309,42 @@ def test_a_worker_outlives_the_thread_that_started_it(fresh_pool):
     assert _verify_workers() - before == started
 
 
-def test_a_timed_out_verification_is_counted_and_not_cached(fresh_pool):
+def test_a_repeated_timeout_is_cached_and_counted_again(fresh_pool):
+    """Issue 46: a repeated pathological answer cost its deadline again; its timeout is cached, so a
+    repeat costs nothing, and counted again (the answer is scored False for a timeout each time)."""
+    verify.clear_cache()
     before = verify.timeouts()
-    for _ in range(2):
-        assert not verify.is_correct("math500", "\\boxed{9^{9^{9^{9}}}}", "1", timeout=0.5)
-    assert verify.timeouts() == before + 2
+    assert not verify.is_correct("math500", "\\boxed{9^{9^{9^{9}}}}", "1", timeout=1.0)
+    start = time.monotonic()
+    for _ in range(3):
+        assert not verify.is_correct("math500", "\\boxed{9^{9^{9^{9}}}}", "1", timeout=1.0)
+    assert time.monotonic() - start < 0.1 and verify.timeouts() == before + 4
+
+
+def test_slow_comparisons_do_not_hold_up_ordinary_ones(fresh_pool):
+    """Issue 46: 8 pathological answers delayed 100 ordinary ones by about 27 s each: every worker sat
+    on a pathological comparison until its deadline. A caller that finds every worker on a slow
+    comparison starts another, so ordinary answers wait far less than the deadline."""
+    verify.clear_cache()
+    verify._POOL = verify._WorkerPool(1)  # one worker, held by one pathological answer (one core busy)
+    deadline = 10.0
+    verify.is_correct("math500", "\\boxed{\\frac{1}{3}}", "0.5", timeout=deadline)  # the worker, started
+    slow = ["\\boxed{9^{9^{9^{9}}}}"]
+    waits = {}
+
+    def check(arg):
+        start = time.monotonic()
+        if isinstance(arg, str):
+            return verify.is_correct("math500", arg, "1", timeout=deadline)
+        time.sleep(1.0)  # the pathological comparisons hold every worker by now
+        ok = verify.is_correct("math500", f"\\boxed{{\\frac{{{arg}}}{{2}}}}", str(arg / 2), timeout=deadline)
+        waits[arg] = time.monotonic() - start - 1.0
+        return ok
+
+    results = _in_threads(check, slow + list(range(1, 11)))
+    assert {k: v for k, v in results.items() if isinstance(k, int) and v is not True} == {}
+    assert max(waits.values()) < deadline / 2, waits
+    assert len(verify._pool().workers) <= verify._pool().size  # the extra workers were given back
 
 
 class _TimedOutPool:
@@ -333,7 +364,7 @@ def test_the_step_metrics_report_verifications_that_timed_out(tiny_model_dir, tm
 
     pool = _TimedOutPool()
     monkeypatch.setattr(verify, "_pool", lambda: pool)
-    verify._verify_cached.cache_clear()
+    verify.clear_cache()
     data = write_rows(tmp_path / "train.jsonl", [dict(q, answer="\\frac{x}{7}") for q in QUESTIONS])
     run_dir = tmp_path / "run"
     run_dir.mkdir()

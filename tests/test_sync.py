@@ -2,6 +2,7 @@
 uploads a resumed run's fragments together, oldest first, and never puts a rehearsal run in the
 paper's project."""
 
+import json
 import subprocess
 from types import SimpleNamespace
 
@@ -140,3 +141,52 @@ def test_rehearsal_runs_never_reach_the_papers_project(tmp_path, offline, fake_w
     assert all("/runs/paper/" not in c[-1] for c in fake_wandb)
     assert cli.main(["sync", str(results / "runs"), "--rehearsal"]) == 2
     assert "no rehearsal runs to upload" in capsys.readouterr().err
+
+
+def test_a_fifo_in_place_of_a_run_file_is_skipped_with_a_warning(tmp_path, offline, capsys):
+    """Issue 46: a FIFO in place of a `.wandb` file hung `sync --list` and left a stuck child; the run
+    is left out, with a warning naming the file, and the others are listed."""
+    import os
+    import sys
+
+    from tests.helpers import process
+
+    results = tmp_path / "results"
+    kept = _run(results / "runs" / "m_ts_dapo_s0", "train")
+    _run(results / "runs" / "m_ts_dapo_s1", "train")
+    (run_file,) = (results / "runs" / "m_ts_dapo_s1" / "wandb").glob("offline-run-*/run-*.wandb")
+    run_file.unlink()
+    os.mkfifo(run_file)
+    try:
+        proc = process.run([sys.executable, "-m", "bfspo.cli", "sync", str(results), "--list"], timeout=60,
+                           capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("bfspo sync --list hung on a FIFO")
+    assert proc.returncode == 0 and f"warning: {run_file}: not a regular file; its run is left out" in proc.stderr
+    assert [line.split("\t")[0] for line in proc.stdout.splitlines()[1:]] == ["m_ts_dapo_s0"]
+    assert [r.run_id for r in find_runs(results)] == [kept]
+    with pytest.raises(BfspoError, match="not a regular file"):
+        tracking.read_run(run_file.parent)
+
+
+def test_a_rebuilt_tables_report_sets_the_stale_report_aside(tmp_path, offline, capsys):
+    """Issue 45: after a rerun, `sync --list` showed two report runs with one name, the stale one and
+    the new one. The earlier report run is set aside under previous/<n>/, as a stale run is."""
+    import pandas as pd
+
+    results = tmp_path / "results"
+    csv = tmp_path / "t.csv"
+    pd.DataFrame({"Method": ["DAPO"], "mean": [82.5]}).to_csv(csv, index=False)
+    report = ["report", "--project", "p", "--group", "t", "--tables", str(csv), "--wandb-dir", str(results / "wandb"),
+              "--out", str(results / "report" / "t.json")]
+    ids = []
+    for _ in range(2):
+        assert cli.main(report) == 0
+        ids.append(json.loads((results / "report" / "t.json").read_text())["run_id"])
+    assert ids[0] != ids[1]
+    assert [(r.name, r.run_id) for r in find_runs(results)] == [("t", ids[1])]
+    capsys.readouterr()
+    assert cli.main(["sync", str(results), "--list"]) == 0
+    assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["t"]
+    (previous,) = (results / "wandb" / "report-t" / "previous").iterdir()
+    assert previous.name == "1" and (previous / "wandb_id.txt").read_text().strip() == ids[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -292,3 +293,113 @@ def test_the_footnote_names_the_forms_the_cells_use(tmp_path, runs):
     build(tmp_path, SPEC, runs)  # DAPO over two seeds beside one-seed cells with intervals
     md = (tmp_path / "out" / "abl.md").read_text()
     assert "a ± s: mean ± std over seeds" in md and "one seed, its 95% interval over the questions" in md
+
+
+def _chains_run(runs: Path, run: str, body: bytes | None) -> Path:
+    path = runs / run / "metrics.jsonl"
+    path.parent.mkdir(parents=True)
+    if body is None:
+        os.mkfifo(path)
+    else:
+        path.write_bytes(body)
+    return path
+
+
+GOOD_ROW = json.dumps({"step": 1, "rollout/chains": 64, "rollout/chains_target": 64}) + "\n"
+
+
+@pytest.mark.parametrize("body, named", [
+    (GOOD_ROW.encode() + b'{"step": 2, "rollout/cha', "metrics.jsonl:2: not valid JSON"),
+    (GOOD_ROW.encode() + b'{"step": 2, "rollout/chains": 6\xff}\n', "metrics.jsonl:2: not UTF-8 text"),
+    (GOOD_ROW.encode() + b'{"step": 2, "rollout/chains": NaN, "rollout/chains_target": 64}\n',
+     "metrics.jsonl:2: rollout/chains nan and rollout/chains_target 64"),
+    (GOOD_ROW.encode() + b'{"step": 2, "rollout/chains": "64", "rollout/chains_target": 64}\n',
+     "metrics.jsonl:2: rollout/chains '64' and rollout/chains_target 64"),
+    (GOOD_ROW.encode() + b'{"step": 2, "rollout/chains": 64, "rollout/chains_target": [64]}\n',
+     "metrics.jsonl:2: rollout/chains 64 and rollout/chains_target [64]"),
+    (GOOD_ROW.encode() + b'{"step": 2, "rollout/chains": 64}\n', "rollout/chains_target None"),
+    (b"", "no step logs rollout/chains"),
+    (None, "not a regular file"),
+], ids=["torn", "not-utf8", "nan", "string", "list", "no-target", "empty", "fifo"])
+def test_the_chains_check_fails_naming_a_run_whose_rows_it_cannot_read(tmp_path, capsys, body, named):
+    """Issue 46: `bfspo tables chains` (make record-toy's check) passed runs whose rows it could not read,
+    and a row of the wrong type was a traceback; now each is exit 1 naming the run and the problem."""
+    runs = tmp_path / "runs"
+    _chains_run(runs, "toy_toy_dapo_s0", GOOD_ROW.encode())
+    _chains_run(runs, "toy_toy_bfspo_s0", body)
+    assert main(["tables", "chains", "--runs-dir", str(runs)]) == 1
+    out = capsys.readouterr().out
+    assert "toy_toy_bfspo_s0: cannot check (" in out and named in out and "Traceback" not in out
+    assert "toy_toy_dapo_s0" not in out
+
+
+@pytest.mark.parametrize("share", ["nan", "-1", "0", "1.5", "most"])
+def test_the_chains_check_refuses_a_share_outside_0_to_1(tmp_path, capsys, share):
+    runs = tmp_path / "runs"
+    _chains_run(runs, "toy_toy_dapo_s0", GOOD_ROW.encode())
+    with pytest.raises(SystemExit) as stop:
+        main(["tables", "chains", "--runs-dir", str(runs), "--share", share])
+    assert stop.value.code == 2
+    assert f"{share!r} is not a share in (0, 1]" in capsys.readouterr().err
+    assert main(["tables", "chains", "--runs-dir", str(runs), "--share", "1"]) == 0
+
+
+class Killed(BaseException):
+    """What a kill does to the build, here: stop it between two steps."""
+
+
+@pytest.mark.parametrize("renamed", [0, 1, 2])
+def test_a_build_killed_between_its_files_leaves_a_marker_that_report_refuses(tmp_path, runs, monkeypatch, capsys,
+                                                                              renamed):
+    """Issue 46: a kill during a hand-run `bfspo tables build` left the new abl.csv beside the old .md and
+    .tex. The three files are written as one unit: all to temporaries, then abl.incomplete, then the
+    renames, then the marker removed; a kill between renames leaves the marker, `bfspo report` refuses
+    the table, and the next build completes the set."""
+    import bfspo.io as bio
+
+    out = tmp_path / "out"
+    build = ["tables", "build", "--spec", json.dumps(SPEC), "--out-dir", str(out), "--summaries"]
+    assert main(build + runs[:2]) == 0
+    old = {ext: (out / f"abl.{ext}").read_text() for ext in ("csv", "md", "tex")}
+    real, done = os.replace, []
+
+    def replace(src, dst):
+        if Path(dst).parent == out and Path(dst).stem == "abl" and Path(dst).suffix != ".incomplete":
+            if len(done) == renamed:
+                raise Killed
+            done.append(Path(dst).suffix[1:])
+        real(src, dst)
+
+    monkeypatch.setattr(bio.os, "replace", replace)
+    with pytest.raises(Killed):
+        main(build + runs)
+    monkeypatch.setattr(bio.os, "replace", real)
+    now = {ext: (out / f"abl.{ext}").read_text() for ext in ("csv", "md", "tex")}
+    assert [ext for ext in now if now[ext] != old[ext]] == done  # a mix of new and old files ...
+    assert (out / "abl.incomplete").exists()  # ... that says so
+    assert sorted(p.name for p in out.iterdir()) == ["abl.csv", "abl.incomplete", "abl.md", "abl.tex"]
+    report = ["report", "--project", "p", "--group", "abl", "--mode", "disabled", "--tables", str(out / "abl.csv"),
+              "--wandb-dir", str(tmp_path / "wandb"), "--out", str(tmp_path / "report.json")]
+    assert main(report) == 2
+    assert f"{out / 'abl.csv'}: half-written (abl.incomplete is there" in capsys.readouterr().err
+    assert main(build + runs) == 0
+    assert not (out / "abl.incomplete").exists() and all((out / f"abl.{ext}").read_text() != old[ext] for ext in old)
+    assert main(report) == 0
+
+
+def test_branch_adv_follows_the_advantage_kind_not_its_name(monkeypatch):
+    """Issue 45: a branch-style advantage variant (one advantage per segment, as Eq. 9) showed ✗ under
+    Branch Adv. because its name is not `branch`; the mark comes from the registry's kind."""
+    from bfspo.algorithm import advantages
+    from bfspo.reporting.latex import NO, YES
+    from bfspo.reporting.tables import _descriptors
+
+    monkeypatch.setitem(advantages.ADVANTAGES, "branch-scaled", advantages.AdvantageKind(lambda t, e: None, per_chain=False))
+    monkeypatch.setitem(advantages.ADVANTAGES, "leaf", advantages.AdvantageKind(lambda t, e: None, per_chain=True))
+    model = {"label": "M"}
+
+    def mark(advantage, k=3):
+        return _descriptors("ablation", model, "x", {"k": k, "advantage": advantage, "overlong": True})[2]
+
+    assert [mark("branch"), mark("branch-scaled"), mark("global"), mark("leaf"), mark("global", k=0)] == \
+        [YES, YES, NO, NO, "-"]

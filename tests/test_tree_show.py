@@ -247,3 +247,37 @@ def test_stats_print_a_legend_of_every_key_also_in_help(tmp_path, capsys):
         main(["tree", "stats", "--help"])
     help_text = capsys.readouterr().out
     assert all(f"  {key}: " in help_text for key in MEANINGS)
+
+
+def _damaged(edit):
+    d = logged_tree()[0].to_dict()
+    edit(d)
+    return d
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda d: d["segments"][2]["children"].append(2), "segment 2 lists segment 2 again"),
+    (lambda d: d["segments"][0].update(children=[2]), "segment 0 lists segment 2 again"),
+    (lambda d: d["segments"][2]["children"].append(99), "segment 2 lists child 99, not a segment of the 4"),
+    (lambda d: d["root_children"].append(-1), "the root lists child -1, not a segment of the 4"),
+    (lambda d: d.update(root_children=[1]), "segment 0 is not reached from the root"),
+], ids=["self-child", "cycle", "child-out-of-range", "negative-child", "unreached"])
+@pytest.mark.parametrize("command", ["show", "stats"])
+def test_a_tree_whose_segments_hold_a_cycle_is_refused_naming_it(tmp_path, edit, named, command):
+    """Issue 46: `bfspo tree show` looped forever (1.7 GB in 60 s) on a tree file in which a segment
+    lists itself among its children; the tree reader now refuses cycles and children out of range,
+    for `show` and `stats` alike, naming the file, the line and the segment."""
+    import subprocess
+    import sys
+
+    from tests.helpers import process
+
+    path = tmp_path / "step_00001.jsonl"
+    write_jsonl(path, [logged_tree()[0].to_dict(), _damaged(edit)])
+    try:
+        proc = process.run([sys.executable, "-m", "bfspo.cli", "tree", command, str(path)], timeout=60,
+                           capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"bfspo tree {command} did not end on a damaged tree")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{path}:2: not a logged search tree (ValueError: {named}" in proc.stderr + proc.stdout

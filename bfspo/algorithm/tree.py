@@ -241,10 +241,38 @@ class SearchTree:
                             iteration=s["iteration"], children=list(s["children"]), ends_in_B=s["ends_in_B"],
                             leaf=leaves.get(s["id"]), reward=s["reward"], advantage=s["advantage"])
                     for s in d["segments"]]
-        return cls(prompt_ids=list(d["prompt_ids"]), budget=d["budget"], segments=segments,
+        tree = cls(prompt_ids=list(d["prompt_ids"]), budget=d["budget"], segments=segments,
                    root_children=list(d["root_children"]), root_reward=d["root_reward"],
                    backtracking=list(d["backtracking"]), selected=list(d["selected"]), stopped=d["stopped"],
                    advantage_kind=d["advantage_kind"], meta=dict(d["meta"]))
+        check_structure(tree)
+        return tree
+
+
+def check_structure(tree: SearchTree) -> None:
+    """ValueError unless the segments form one tree below the root, as `add_completion` and `split`
+    build it: segments[i].id == i, every child an index of `segments` whose `parent` names the segment
+    (None below the root) listing it, and every segment reached exactly once from the root. A tree
+    read from a file could otherwise hold a cycle, on which `dfs` and `path` never end."""
+    n = len(tree.segments)
+    for i, s in enumerate(tree.segments):
+        if s.id != i:
+            raise ValueError(f"segment {i} has id {s.id!r}")
+    seen = [False] * n
+    stack = [(None, c) for c in reversed(tree.root_children)]
+    while stack:
+        parent, c = stack.pop()
+        where = "the root" if parent is None else f"segment {parent}"
+        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < n:
+            raise ValueError(f"{where} lists child {c!r}, not a segment of the {n}")
+        if seen[c]:
+            raise ValueError(f"{where} lists segment {c} again: the segments hold a cycle or a shared child")
+        if tree.segments[c].parent != parent:
+            raise ValueError(f"{where} lists segment {c}, whose parent is {tree.segments[c].parent!r}")
+        seen[c] = True
+        stack.extend((c, g) for g in reversed(tree.segments[c].children))
+    if not all(seen):
+        raise ValueError(f"segment {seen.index(False)} is not reached from the root")
 
 
 def best_leaf(tree: SearchTree) -> int | None:

@@ -25,9 +25,9 @@ def profile_settings(profile: Path = PROFILE) -> dict | None:
     """The Slurm profile's settings (None: no profile at hand)."""
     if not profile.is_file():
         return None
-    import yaml
+    from bfspo.io import read_yaml
 
-    return yaml.safe_load(profile.read_text()) or {}
+    return read_yaml(profile) or {}
 
 
 def profile_attempts(profile: Path = PROFILE) -> int | None:

@@ -20,6 +20,7 @@ import re
 import shlex
 from pathlib import Path
 
+from bfspo.errors import BfspoError
 from bfspo.pipeline import slurm
 from bfspo.pipeline.schema import SCHEMA, ConfigProblems, SchemaError, validate_config
 
@@ -50,15 +51,18 @@ def read_configs(paths) -> dict:
     """Workflow config files merged as `snakemake --configfile A B` merges them
     (snakemake.utils.update_config: a later file's mapping updates an earlier one's key by key, at
     every depth; any other value replaces). Not yet normalised nor validated."""
-    import yaml
     from snakemake.utils import update_config
+
+    from bfspo.io import read_yaml
 
     config: dict = {}
     for path in paths:
         try:
-            one = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as e:
+            one = read_yaml(path)
+        except OSError as e:
             raise ConfigError([f"cannot read {path}: {e}"]) from None
+        except BfspoError as e:
+            raise ConfigError([str(e)]) from None
         if not isinstance(one, dict):
             raise ConfigError([f"{path}: a workflow config is a YAML mapping"])
         update_config(config, one)

@@ -15,9 +15,8 @@ import difflib
 import os
 from pathlib import Path
 
-import yaml
-
 from bfspo.errors import BfspoError
+from bfspo.io import read_yaml
 
 # The schema of a workflow config, in a source checkout (where the workflow is).
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
@@ -74,7 +73,7 @@ def schema_problems(config: dict, schema: str | Path = SCHEMA) -> list[str]:
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import best_match, relevance
 
-    validator = Draft202012Validator(yaml.safe_load(Path(schema).read_text(encoding="utf-8")))
+    validator = Draft202012Validator(read_yaml(schema))
     errors = sorted(validator.iter_errors(config), key=relevance)
     return [_describe(best_match([e])) for e in errors]
 

@@ -14,29 +14,43 @@ plugin's resources `slurm_partition`, `slurm_account`, `qos` and `constraint`; `
 request `gres=gpu:<type>:<GPUs per node>`; `reservation` and `extra` are appended to the job's
 `slurm_extra` after the project's own options (the trainer's warning signal), each word quoted for
 the shell (the plugin puts slurm_extra into its sbatch command line as it is). Options the plugin
-sets itself, and the warning signal, are refused in `extra`, naming the key that sets them.
+sets itself, and the warning signal, are refused in `extra` under any spelling sbatch accepts
+(`sbatch_options`), naming the key that sets them; an account or qos naming several is refused.
 """
 
 from __future__ import annotations
 
-import re
 import shlex
 
 JOB_KEYS = ("partition", "account", "qos", "reservation", "constraint", "gpu_type", "extra", "max_runtime")
 GPU_NODE_KEYS = ("constraint", "gpu_type")  # what a CPU-only job leaves out, unless `cpu` sets it
 # The plugin's resources that these keys become (and `gpu`/`gres`, `slurm_extra`).
 RESOURCES = {"partition": "slurm_partition", "account": "slurm_account", "qos": "qos", "constraint": "constraint"}
-# What to use instead of an sbatch option that `extra` may not carry: the plugin refuses those it sets
-# itself (by its own names for them, `get_forbidden_slurm_options`), bfspo those it sets.
-INSTEAD = {
-    "account": "slurm.account", "partition": "slurm.partition", "quality of service": "slurm.qos",
-    "node constraints": "slurm.constraint", "generic resources (GRES)": "slurm.gpu_type",
-    "GPU allocation": "slurm.gpu_type", "runtime/time limit": "the size class's train_runtime / eval_runtime",
-    "memory": "the size class's mem_mb", "memory per CPU": "the size class's mem_mb",
-    "CPUs per GPU": "the size class's cpus_per_gpu", "number of nodes": "the size class's nodes",
+# The sbatch options that `extra` may not carry, by their long name: those the plugin sets itself
+# (snakemake_executor_plugin_slurm's `get_forbidden_slurm_options`) and those bfspo sets, with what to
+# use instead. `extra` is read as sbatch reads its options (`sbatch_options`): a long option by any
+# unique prefix (`--partit=`, `--sig=`), a short one with its value attached (`-t1`, `-Aother`) or
+# among others (`-vt1`), so no other spelling gets past.
+PLUGIN = "the Slurm plugin sets it itself"
+REFUSED = {
+    "account": "use slurm.account", "partition": "use slurm.partition", "qos": "use slurm.qos",
+    "constraint": "use slurm.constraint", "gres": "use slurm.gpu_type", "gpus": "use slurm.gpu_type",
+    "gpus-per-node": "use slurm.gpu_type", "gpus-per-task": "use slurm.gpu_type",
+    "gpus-per-socket": "use slurm.gpu_type", "time": "use the size class's train_runtime / eval_runtime",
+    "mem": "use the size class's mem_mb", "mem-per-cpu": "use the size class's mem_mb",
+    "mem-per-gpu": "use the size class's mem_mb", "cpus-per-gpu": "use the size class's cpus_per_gpu",
+    "nodes": "use the size class's nodes", "signal": "bfspo sets the trainer's warning signal from the GPU plan",
+    "reservation": "use slurm.reservation",
+    **dict.fromkeys(["job-name", "output", "error", "parsable", "export", "comment", "chdir", "workdir",
+                     "ntasks", "ntasks-per-gpu", "cpus-per-task", "clusters"], PLUGIN),
 }
-OWN_OPTIONS = {r"--signal[=\s]": "bfspo sets the trainer's warning signal from the GPU plan",
-               r"--reservation[=\s]": "use slurm.reservation"}
+# sbatch's short options that take a value, and the long option of those that REFUSED holds
+SHORT_VALUE = set("aAbBcCdDeFGiJLmMnNopqStwx")
+SHORT_LONG = {"A": "account", "p": "partition", "q": "qos", "C": "constraint", "G": "gpus", "t": "time",
+              "N": "nodes", "J": "job-name", "o": "output", "e": "error", "D": "chdir", "n": "ntasks",
+              "c": "cpus-per-task", "M": "clusters"}
+# A name that holds more than one value where sbatch takes one: the plugin submits only the first
+SINGLE_NAMES = ("account", "qos")
 UNSET = "(default)"  # how a plan shows a partition the cluster chooses
 
 
@@ -101,24 +115,57 @@ def problems(config: dict) -> list[str]:
     for where, text in places:
         if text:
             out += _extra_problems(where, text)
+    return out + _name_problems(slurm)
+
+
+def sbatch_options(words: list[str]) -> list[tuple[str, list[str]]]:
+    """(the word, the long options it may set) for each option among `words`, read as sbatch's getopt
+    reads them: `--name[=value]` is the REFUSED option `name` or any of which it is a prefix (sbatch
+    takes a unique prefix, and refuses an ambiguous one); `-xyz` is short options, each taking the
+    rest of the word (or the next word) as its value when it takes one (SHORT_VALUE)."""
+    out, i = [], 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word.startswith("--") and len(word) > 2:
+            name = word[2:].split("=", 1)[0]
+            out.append((word, [name] if name in REFUSED else [o for o in REFUSED if o.startswith(name)]))
+        elif word.startswith("-") and len(word) > 1:
+            names = []
+            for j, letter in enumerate(word[1:], start=2):
+                if letter in SHORT_LONG:
+                    names.append(SHORT_LONG[letter])
+                if letter in SHORT_VALUE:
+                    i += j == len(word)  # the value is the next word
+                    break
+            out.append((word, names))
     return out
 
 
 def _extra_problems(where: str, text: str) -> list[str]:
-    from snakemake_executor_plugin_slurm.validation import get_forbidden_slurm_options
-
     try:
-        line = " ".join(shlex.split(text))
+        words = shlex.split(text)
     except ValueError as e:
         return [f"{where}: {text!r} does not split into sbatch options ({e})"]
-    refused = {pattern: f"use {INSTEAD[name]}" if name in INSTEAD else f"the Slurm plugin sets the {name} itself"
-               for pattern, name in get_forbidden_slurm_options().items()} | OWN_OPTIONS
     out = []
-    for pattern, why in refused.items():
-        found = re.search(pattern, line)
-        if found:
-            out.append(f"{where}: {found.group(0).strip(' =')!r} is not allowed here ({why})")
+    for word, names in sbatch_options(words):
+        if not names:
+            continue
+        shown = word.split("=", 1)[0]
+        long = " or ".join(f"--{n}" for n in names)
+        spelt = ("" if [shown] == [f"--{n}" for n in names] else
+                 f" (an abbreviation of {long})" if shown.startswith("--") else f" (sbatch reads it as {long})")
+        why = "; ".join(dict.fromkeys(REFUSED[n] for n in names))
+        out.append(f"{where}: {shown!r} is not allowed here{spelt} ({why})")
     return out
+
+
+def _name_problems(slurm: dict) -> list[str]:
+    """A comma in an account or a qos: sbatch takes one of each, and the plugin would submit the first."""
+    places = [("slurm", slurm), ("slurm.cpu", slurm.get("cpu") or {})]
+    places += [(f"slurm.sizes.{k}", v or {}) for k, v in (slurm.get("sizes") or {}).items()]
+    return [f"{where}.{key}: {block[key]!r} names more than one; sbatch takes one {key}"
+            for where, block in places for key in SINGLE_NAMES if "," in str(block.get(key) or "")]
 
 
 def unset_line(config: dict, source: str) -> str | None:

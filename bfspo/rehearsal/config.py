@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from bfspo.errors import BfspoError
-from bfspo.io import atomic_write_text
+from bfspo.io import atomic_write_text, read_yaml
 from bfspo.tracking import REHEARSAL_SUFFIX, REHEARSAL_TAG
 
 RESULTS = "results/rehearsal"
@@ -90,8 +90,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     try:
-        paper = yaml.safe_load(args.paper.read_text())
-    except (OSError, yaml.YAMLError) as e:
+        paper = read_yaml(args.paper)
+    except (OSError, BfspoError) as e:
         raise BfspoError(f"cannot read {args.paper}: {e}") from None
     config = derive(paper, args.engine)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -46,8 +46,9 @@ import pandas as pd
 
 from bfspo.errors import BfspoError
 from bfspo.evaluation.metrics import bootstrap_ci
-from bfspo.io import atomic_write_text, read_json, read_jsonl
+from bfspo.io import atomic_write_set, read_json, read_jsonl
 from bfspo.reporting.latex import latex_escape
+from bfspo.reporting.tables import incomplete_marker
 from bfspo.reporting.tree_stats import read_trees, tree_files, tree_stats
 
 METRICS = [("acc", "Acc.", 1, True), ("avg_len", "Avg. Len.", 1, False), ("aes", "AES", 2, True)]
@@ -404,9 +405,8 @@ def write_paired(spec: dict, scored: pd.DataFrame, runs_dir: str | Path, out_dir
     zero = scored[scored.method == "zero-shot"]
     zero_text = "; ".join(f"{c['label']}: {r.acc:.1f}% with {r.avg_len:.0f} tokens" for c in spec["columns"]
                           for r in zero[zero.benchmark == c["benchmark"]].itertuples())
-    atomic_write_text(paths[3], seeds.to_csv(index=False))
-    atomic_write_text(paths[0], table.to_csv(index=False))
-    atomic_write_text(paths[1], (
+    texts = {paths[3]: seeds.to_csv(index=False), paths[0]: table.to_csv(index=False)}
+    texts[paths[1]] = (
         f"## {spec['title']}\n\n{_contrast_sections(spec, table)}\n\n"
         f"Difference: method minus {base}, mean over the seeds both ran (paired); the interval is the "
         f"percentile bootstrap over seeds ({N_RESAMPLES} resamples) of that mean. Step time: {base}'s median "
@@ -424,7 +424,8 @@ def write_paired(spec: dict, scored: pd.DataFrame, runs_dir: str | Path, out_dir
         "contrast and window.\n\n"
         f"{format_paired(spec, window_table(spec, seeds)).to_markdown(index=False, disable_numparse=True)}\n\n"
         f"### Tree statistics (`bfspo tree stats` over all seeds of each method)\n\n"
-        f"{format_trees(spec, trees, seeds).to_markdown(index=False, disable_numparse=True)}\n"))
-    atomic_write_text(paths[2], shown.map(latex_escape).rename(columns=latex_escape).style.hide(axis="index").to_latex(
-        hrules=True, caption=latex_escape(spec["title"]), label=f"tab:{spec['name']}"))
+        f"{format_trees(spec, trees, seeds).to_markdown(index=False, disable_numparse=True)}\n")
+    texts[paths[2]] = shown.map(latex_escape).rename(columns=latex_escape).style.hide(axis="index").to_latex(
+        hrules=True, caption=latex_escape(spec["title"]), label=f"tab:{spec['name']}")
+    atomic_write_set(texts, incomplete_marker(out, spec["name"]))
     return paths

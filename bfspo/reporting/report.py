@@ -10,6 +10,9 @@ Offline by default (no account; `bfspo sync <wandb-dir>` uploads later); WANDB_M
 for every bfspo run. --out records what was logged, and is written last. Each report is a new W&B
 run with its own id (recorded in --out): a rebuilt table is a new run beside the old one, never a
 fragment appended to the old one's id, so a sync never mixes two versions of a table in one run.
+The earlier report run of the table (its wandb/ and wandb_id.txt) is set aside first, under
+previous/<n>/ as a stale training run is (bfspo/history.py), so `bfspo sync` lists and uploads only
+the report of the table as it is now.
 """
 
 from __future__ import annotations
@@ -19,16 +22,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from bfspo import tracking
+from bfspo import history, tracking
 from bfspo.errors import BfspoError
-from bfspo.io import write_json
+from bfspo.io import check_set, write_json
+from bfspo.reporting.tables import incomplete_marker
+
+
+REPORT_ENTRIES = ("wandb", "wandb_id.txt")  # a report run's files in its folder, set aside together
 
 
 def collect(tables: list[Path], figure_dirs: list[Path]) -> tuple[list[Path], list[Path]]:
-    """The table files and the PNG figures to log; a missing one is an error."""
+    """The table files and the PNG figures to log; a missing one is an error, and so is a table whose
+    files were left half-written (`bfspo.reporting.tables.incomplete_marker`)."""
     missing = [str(p) for p in tables if not p.is_file()] + [str(d) for d in figure_dirs if not d.is_dir()]
     if missing:
         raise BfspoError(f"nothing to report at {', '.join(missing)}")
+    for p in tables:
+        check_set(incomplete_marker(p.parent, p.stem), p)
     return tables, sorted(p for d in figure_dirs for p in d.glob("*.png"))
 
 
@@ -64,6 +74,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     tables, figures = collect(args.tables, args.figures)
     run_dir = args.wandb_dir / f"report-{args.group}"
+    history.finish_set_aside(run_dir, lambda: REPORT_ENTRIES)
+    history.set_aside(run_dir, REPORT_ENTRIES)
     wb = tracking.start(run_dir, {"tables": [str(p) for p in tables]}, project=args.project, group=args.group,
                         job_type="report", name=args.name or args.group, mode=args.mode,
                         tags=tracking.run_tags({"tables": [args.group], "wandb_tags": args.wandb_tags}), resume=False)

@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from bfspo import tracking
 from bfspo.errors import BfspoError
+from bfspo.io import read_yaml
 from bfspo.tracking import REHEARSAL_SUFFIX, REHEARSAL_TAG
 
 
@@ -57,11 +57,21 @@ def offline_runs(results: Path) -> list[Path]:
     """Every offline run folder (one holding its run-<id>.wandb file) under results, oldest first
     (folders started in the same second: by path). A run under a `previous/` folder is left out: it
     was set aside, with the training run or evaluation it logged, when the inputs or settings changed
-    (bfspo/history.py), and its steps would show beside those of the run that replaced it."""
+    (bfspo/history.py), and its steps would show beside those of the run that replaced it. A folder
+    whose run file is not a regular file (a FIFO, whose reading would never end) is left out, with a
+    warning naming it."""
     if not results.is_dir():
         raise BfspoError(f"{results}: no such results folder")
-    runs = [p for p in results.rglob("offline-run-*") if p.is_dir() and any(p.glob("run-*.wandb"))
-            and "previous" not in p.relative_to(results).parts]
+    runs = []
+    for p in results.rglob("offline-run-*"):
+        run_files = list(p.glob("run-*.wandb")) if p.is_dir() else []
+        if not run_files or "previous" in p.relative_to(results).parts:
+            continue
+        odd = [f for f in run_files if not f.is_file()]
+        if odd:
+            print(f"warning: {odd[0]}: not a regular file; its run is left out", file=sys.stderr)
+            continue
+        runs.append(p)
     return sorted(runs, key=lambda p: (tracking.folder_start(p)[0], str(p)))
 
 
@@ -71,8 +81,8 @@ def rehearsal_roots(results: Path) -> list[Path]:
     roots = []
     for config in [results / "config.yaml", *results.rglob("*/config.yaml")]:
         try:
-            loaded = yaml.safe_load(config.read_text()) if config.is_file() else None
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            loaded = read_yaml(config) if config.is_file() else None
+        except (OSError, BfspoError):
             continue
         if isinstance(loaded, dict) and "stand_ins" in loaded:
             roots.append(config.parent)

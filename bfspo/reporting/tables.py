@@ -11,6 +11,8 @@ Source column, and DIR/<name>.csv with the same cells as numbers, one row per ce
             AES (App. E) against OUR zero-shot run of the same model and benchmark, per seed;
   paper     the paper's printed number for the row above it (reported_results.csv);
   reported  rows the paper took from other work (SFT, TokenSkip, Tree of Thoughts), never run here.
+The three files are written as one unit (`incomplete_marker`): a kill between their renames leaves
+DIR/<name>.incomplete beside the mix, `bfspo report` refuses the table, and the next build completes it.
 With --runs-dir, every evaluation of a trained run must have scored the adapter its run published
 on the base model the run was trained on, by content (`summaries.check_trained_on`), and the
 Markdown notes name every training run of the table whose batches came out short (`rollout/batch_full` 0 or false in its metrics.jsonl: dynamic sampling ran out of rounds), with how many
@@ -37,8 +39,9 @@ from typing import NamedTuple
 import pandas as pd
 
 from bfspo.code_identity import stale, stale_line
+from bfspo.algorithm.advantages import advantage_kind
 from bfspo.errors import BfspoError
-from bfspo.io import atomic_write_text, read_jsonl
+from bfspo.io import atomic_write_set, atomic_write_text, read_jsonl
 from bfspo.evaluation.metrics import aes_consistency
 from bfspo.reporting.owner import write_owner
 from bfspo.reporting.latex import NO, YES, latex_escape
@@ -135,10 +138,13 @@ def _cells(values: list[dict | None]) -> list[str]:
 
 
 def _descriptors(layout: str, model: dict, label: str, method: dict | None, ratio=None) -> list[str]:
+    """The row's descriptor cells. In the ablation, Branch Adv. is ✓ for an advantage variant whose
+    kind (bfspo.algorithm.advantages.ADVANTAGES) puts one advantage on each segment, as Eq. 9's branch
+    advantage does, whatever its name; ✗ for one per chain; - without a tree (K = 0)."""
     if layout == "ablation":
         if method is None:
             return [label, NONE, NONE, NONE]
-        branch = NONE if method["k"] == 0 else (YES if method["advantage"] == "branch" else NO)
+        branch = NONE if method["k"] == 0 else (NO if advantage_kind(method["advantage"]).per_chain else YES)
         return [label, str(method["k"]), branch, YES if method["overlong"] else NO]
     if layout == "ratios":
         return [model["label"], label, NONE if ratio is None or pd.isna(ratio) else f"{ratio:.1f}"]
@@ -234,48 +240,109 @@ def to_latex(df: pd.DataFrame, spec: dict) -> str:
     )
 
 
+def incomplete_marker(out_dir: str | Path, name: str) -> Path:
+    """The file that says table `name`'s files in `out_dir` are being replaced: its CSV, Markdown and
+    LaTeX files are written as one unit (bfspo.io.atomic_write_set), so a kill between their renames
+    leaves this marker beside the mix of old and new files, and `bfspo report` refuses the table."""
+    return Path(out_dir) / f"{name}.incomplete"
+
+
 def write_table(spec: dict, rows: list[Row], out_dir: str | Path,
                 notes: list[str] = (), code_note: str | None = None) -> list[Path]:
     out = Path(out_dir)
     paths = [out / f"{spec['name']}.{ext}" for ext in ("csv", "md", "tex")]
     df = build_table(spec, rows)
     flat = _flat(df)
-    atomic_write_text(paths[0], numeric_table(spec, rows).to_csv(index=False))
     short = "".join(f"\nShort batches: {note}\n" for note in notes) + (f"\n{code_note}\n" if code_note else "")
-    atomic_write_text(paths[1], f"## {spec['title']}\n\n{flat.to_markdown(index=False, disable_numparse=True)}\n\n{legend(rows)}\n{short}")
-    atomic_write_text(paths[2], to_latex(df, spec))
+    atomic_write_set({
+        paths[0]: numeric_table(spec, rows).to_csv(index=False),
+        paths[1]: f"## {spec['title']}\n\n{flat.to_markdown(index=False, disable_numparse=True)}\n\n{legend(rows)}\n{short}",
+        paths[2]: to_latex(df, spec),
+    }, incomplete_marker(out, spec["name"]))
     return paths
 
 
 # ---- training notes ----------------------------------------------------------------------------
 
 
+CHAINS, TARGET = "rollout/chains", "rollout/chains_target"
+
+
+def _count(value) -> float | None:
+    """A logged count of chains as a float, or None unless it is a finite number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def chain_rows(path: Path) -> list[dict]:
+    """The rows of a run's metrics.jsonl that log its chains, each with finite `rollout/chains` and a
+    positive `rollout/chains_target`. Anything else is a BfspoError naming the file and what is wrong:
+    not a regular file (a FIFO is never opened), a line that is no JSON object (torn, not UTF-8), a
+    count that is not a finite number, or no row logging the chains at all (an empty file)."""
+    if not path.is_file():
+        raise BfspoError(f"{path}: not a regular file")
+    rows = []
+    for lineno, r in read_jsonl(path):
+        if CHAINS not in r:
+            continue
+        chains, target = _count(r[CHAINS]), _count(r.get(TARGET))
+        if chains is None or target is None or target <= 0:
+            raise BfspoError(f"{path}:{lineno}: {CHAINS} {r[CHAINS]!r} and {TARGET} {r.get(TARGET)!r} must be "
+                             "finite numbers, the target above 0")
+        rows.append(dict(r, **{CHAINS: chains, TARGET: target}))
+    if not rows:
+        raise BfspoError(f"{path}: no step logs {CHAINS}")
+    return rows
+
+
 def short_batch_notes(runs_dir: str | Path, runs: list[str], share: float = 1.0) -> list[str]:
     """One note per training run whose metrics.jsonl logs a batch of fewer than `share` of its target
-    chains (`rollout/chains` against `rollout/chains_target`; with share 1, `rollout/batch_full` 0)."""
+    chains (`rollout/chains` against `rollout/chains_target`; with share 1, `rollout/batch_full` 0).
+    A run without a metrics.jsonl is left out; one whose rows cannot be read is an error (`chain_rows`)."""
     notes = []
     for run in runs:
         path = Path(runs_dir) / run / "metrics.jsonl"
-        if not path.is_file():
+        if not (path.exists() or path.is_symlink()):
             continue
-        rows = [r for _, r in read_jsonl(path, skipped=[]) if "rollout/chains" in r]
-        short = [r for r in rows if r["rollout/chains"] < share * r["rollout/chains_target"]]
+        rows = chain_rows(path)
+        short = [r for r in rows if r[CHAINS] < share * r[TARGET]]
         if short:
-            worst = min(short, key=lambda r: r["rollout/chains"])
+            worst = min(short, key=lambda r: r[CHAINS])
             notes.append(f"{run}: {len(short)} of {len(rows)} steps trained on a short batch (fewest: "
-                         f"{worst['rollout/chains']:.0f} of {worst['rollout/chains_target']:.0f} chains, step {worst['step']}).")
+                         f"{worst[CHAINS]:.0f} of {worst[TARGET]:.0f} chains, step {worst.get('step', '?')}).")
     return notes
+
+
+def share_of_target(text: str) -> float:
+    """--share: a number in (0, 1] (NaN, 0, negatives and more than 1 would pass every run or none)."""
+    try:
+        share = float(text)
+    except ValueError:
+        share = math.nan
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share in (0, 1]")
+    return share
 
 
 def check_chains(runs_dir: str | Path, share: float) -> str:
     """Issue 36's check of a finished DAG: every run under `runs_dir` trained at least `share` of its
-    target chains at every step. Returns what it checked; a BfspoError names every run that did not."""
+    target chains at every step. Returns what it checked; a BfspoError names every run that did not,
+    and every run whose metrics.jsonl cannot be read (`chain_rows`)."""
+    if not 0 < share <= 1:
+        raise BfspoError(f"share {share!r} is not in (0, 1]")
     runs = sorted(p.parent.name for p in Path(runs_dir).glob("*/metrics.jsonl"))
     if not runs:
         raise BfspoError(f"{runs_dir}: no training run with a metrics.jsonl")
-    notes = short_batch_notes(runs_dir, runs, share)
+    notes = []
+    for run in runs:
+        try:
+            notes += short_batch_notes(runs_dir, [run], share)
+        except BfspoError as e:
+            notes.append(f"{run}: cannot check ({e})")
     if notes:
-        raise BfspoError(f"runs whose batch fell below {share:.0%} of its target chains:\n  " + "\n  ".join(notes))
+        raise BfspoError(f"runs whose batch fell below {share:.0%} of its target chains, or that cannot be "
+                         "checked:\n  " + "\n  ".join(notes))
     return f"{len(runs)} runs under {runs_dir}: every step trained at least {share:.0%} of its target chains."
 
 
@@ -333,7 +400,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--out-dir", required=True)
     k = sub.add_parser("chains", help="check that every run trained its target chains at every step (exit 1 if not)")
     k.add_argument("--runs-dir", required=True, help="training run directories (results/runs)")
-    k.add_argument("--share", type=float, default=0.95, help="the least share of the target chains (default 0.95)")
+    k.add_argument("--share", type=share_of_target, default=0.95,
+                   help="the least share of the target chains, in (0, 1] (default 0.95)")
 
 
 def run(args) -> int:

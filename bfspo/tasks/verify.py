@@ -12,10 +12,18 @@ process that is killed and replaced when it misses its deadline: a pathological 
 `9^{9^{9^{9}}}` costs at most `timeout` seconds, from any thread or process. The workers form one
 bounded pool per process, shared by its threads; a caller waits for a free worker, and its deadline
 counts only its own comparison (never that wait, nor a worker's start-up). A comparison that misses
-its deadline is scored False, never cached, and counted (`timeouts()`): the trainer logs the count
-of each step as rollout/verify_timeouts, and an evaluation's summary holds its verify_timeouts. A
-worker dies with the process that started it. Extraction runs in the caller and is linear in the
-response's length.
+its deadline is scored False and counted (`timeouts()`): the trainer logs the count of each step as
+rollout/verify_timeouts, and an evaluation's summary holds its verify_timeouts. A worker dies with
+the process that started it. Extraction runs in the caller and is linear in the response's length.
+
+Every verdict is cached per (gold, answer, deadline), a timeout too (`_verify_cached`): a repeated
+pathological answer costs nothing, and is counted as a timeout again, since it is scored False for
+one; threads asking the same question at once share one comparison. A slow comparison never holds
+up the others: a caller that finds every worker busy, one of them on a comparison running longer
+than `SLOW_S`, starts one more worker (at most `MAX_EXTRA_WORKERS` beyond the pool's size, given
+back when no slow comparison needs it), so an ordinary answer waits about SLOW_S and a worker's
+start-up, not the deadlines of the pathological answers before it, as long as a core is free to
+run it (each pathological comparison keeps a core busy until its deadline).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from decimal import Decimal
 from functools import lru_cache
@@ -40,6 +49,9 @@ from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 VERIFY_TIMEOUT_S = 5.0  # deadline of one math-verify comparison
 WORKER_START_TIMEOUT_S = 120.0  # the child imports sympy and math-verify once
 MAX_ANSWER_CHARS = 1000  # longer "answers" are never correct and are not parsed at all
+SLOW_S = 0.5  # a comparison running longer is slow: a caller waiting for a worker starts another
+MAX_EXTRA_WORKERS = 8  # workers beyond the pool's size that slow comparisons may make room for
+CACHE_SIZE = 1 << 16  # verdicts kept (least recently used dropped)
 # comparisons a worker makes before it says it is ready: fractions, decimals, symbols, sets, intervals
 WARM_UP = [("\\frac{1}{2}", "0.5"), ("x^2+1", "1+x^2"), ("\\{1, 2\\}", "(1, 2]"), ("\\sqrt{2}\\pi", "2")]
 
@@ -303,7 +315,7 @@ def math_equal(gold: str, answer: str, *, timeout: float = VERIFY_TIMEOUT_S) -> 
 
 
 class VerifyTimeout(Exception):
-    """A math-verify comparison missed its deadline (the worker was killed; nothing is cached)."""
+    """A math-verify comparison missed its deadline (the worker was killed), now or when it was cached."""
 
 
 _TIMEOUTS = 0
@@ -322,9 +334,51 @@ def _count_timeout() -> None:
         _TIMEOUTS += 1
 
 
-@lru_cache(maxsize=1 << 16)
+_CACHE: OrderedDict = OrderedDict()  # (gold, answer, timeout) -> True, False, or None for a timeout
+_PENDING: dict = {}  # the same key -> the Future of the comparison running for it
+_CACHE_LOCK = threading.Lock()
+
+
+def clear_cache() -> None:
+    """Forget every cached verdict."""
+    with _CACHE_LOCK:
+        _CACHE.clear()
+
+
 def _verify_cached(gold: str, answer: str, timeout: float) -> bool:
-    return _pool().verify(gold, answer, timeout)  # a VerifyTimeout is raised, so never cached
+    """math-verify's verdict in a worker, cached (a timeout too: VerifyTimeout again, at no cost);
+    a thread asking what another is comparing waits for that comparison."""
+    key = (gold, answer, timeout)
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            verdict, pending, mine = _CACHE[key], None, False
+        else:
+            pending = _PENDING.get(key)
+            mine = pending is None
+            if mine:
+                pending = _PENDING[key] = Future()
+    if mine:
+        try:
+            verdict = _pool().verify(gold, answer, timeout)
+        except VerifyTimeout:
+            verdict = None
+        except BaseException as e:
+            with _CACHE_LOCK:
+                del _PENDING[key]
+            pending.set_exception(e)
+            raise
+        with _CACHE_LOCK:
+            _CACHE[key] = verdict
+            while len(_CACHE) > CACHE_SIZE:
+                _CACHE.popitem(last=False)
+            del _PENDING[key]
+        pending.set_result(verdict)
+    elif pending is not None:
+        verdict = pending.result()
+    if verdict is None:
+        raise VerifyTimeout(f"math-verify took more than {timeout:g} s")
+    return verdict
 
 
 class _Spawner:
@@ -366,12 +420,20 @@ class _VerifyWorker:
     def __init__(self):
         self._proc: subprocess.Popen | None = None
         self._buffer = b""
+        self.comparing_since: float | None = None  # when its current comparison began (start-up excluded)
 
     def verify(self, gold: str, answer: str, timeout: float) -> bool:
+        try:
+            return self._verify(gold, answer, timeout)
+        finally:
+            self.comparing_since = None
+
+    def _verify(self, gold: str, answer: str, timeout: float) -> bool:
         for _ in range(2):  # a worker that died before its deadline is replaced once
             if self._proc is None or self._proc.poll() is not None:
                 self._start()
-            deadline = time.monotonic() + timeout
+            self.comparing_since = time.monotonic()
+            deadline = self.comparing_since + timeout
             try:
                 self._proc.stdin.write((json.dumps([gold, answer]) + "\n").encode())
                 self._proc.stdin.flush()
@@ -433,9 +495,11 @@ def _default_workers() -> int:
 
 
 class _WorkerPool:
-    """At most `size` workers, shared by every thread of the process. A caller takes an idle worker,
-    or starts one while there are fewer than `size`, or waits until one is given back; the wait, like
-    a worker's start-up, is not part of the caller's deadline."""
+    """At most `size` workers, shared by every thread of the process, and one more for each comparison
+    running longer than SLOW_S (at most MAX_EXTRA_WORKERS more). A caller takes an idle worker, or
+    starts one while the pool may grow, or waits until one is given back or a busy one turns slow;
+    the wait, like a worker's start-up, is not part of the caller's deadline. A worker given back
+    while the pool holds more than it may now is closed."""
 
     def __init__(self, size: int):
         self.size = size
@@ -443,10 +507,17 @@ class _WorkerPool:
         self._idle: list[_VerifyWorker] = []
         self.workers: list[_VerifyWorker] = []
 
+    def _allowed(self) -> int:
+        """How many workers the pool may hold now: `size`, plus one per slow comparison (at most
+        MAX_EXTRA_WORKERS more)."""
+        now = time.monotonic()
+        slow = sum(w.comparing_since is not None and now - w.comparing_since > SLOW_S for w in self.workers)
+        return self.size + min(slow, MAX_EXTRA_WORKERS)
+
     def verify(self, gold: str, answer: str, timeout: float) -> bool:
         with self._free:
-            while not self._idle and len(self.workers) >= self.size:
-                self._free.wait()
+            while not self._idle and len(self.workers) >= self._allowed():
+                self._free.wait(SLOW_S / 2)  # a busy worker may turn slow meanwhile
             if self._idle:
                 worker = self._idle.pop()
             else:
@@ -456,7 +527,11 @@ class _WorkerPool:
             return worker.verify(gold, answer, timeout)
         finally:
             with self._free:
-                self._idle.append(worker)
+                if len(self.workers) > self._allowed():  # an extra worker no slow comparison needs now
+                    self.workers.remove(worker)
+                    worker.close()
+                else:
+                    self._idle.append(worker)
                 self._free.notify()
 
 
@@ -483,8 +558,9 @@ def _spawner() -> _Spawner:
 def _forget_workers_in_child():
     """A forked child must not share its parent's workers (nor a lock some parent thread held); its
     parent's spawner thread does not exist in it."""
-    global _POOL, _POOL_LOCK, _SPAWNER, _TIMEOUTS_LOCK
+    global _POOL, _POOL_LOCK, _SPAWNER, _TIMEOUTS_LOCK, _CACHE_LOCK, _PENDING
     _POOL, _POOL_LOCK, _SPAWNER, _TIMEOUTS_LOCK = None, threading.Lock(), None, threading.Lock()
+    _CACHE_LOCK, _PENDING = threading.Lock(), {}
 
 
 os.register_at_fork(after_in_child=_forget_workers_in_child)

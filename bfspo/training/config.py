@@ -19,8 +19,6 @@ import textwrap
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-import yaml
-
 from bfspo.algorithm.advantages import ADVANTAGES, FILTERS
 from bfspo.algorithm.attention_options import ATTENTIONS, BUCKET_TOKENS, MAX_BUCKETS
 from bfspo.algorithm.rewards import WINDOWS
@@ -28,6 +26,7 @@ from bfspo.algorithm.search import SELECTIONS
 from bfspo.device import DEVICES
 from bfspo.rollout.streamed import ROLLOUTS, resolve_rollout
 from bfspo.errors import BfspoError
+from bfspo.io import parse_yaml, read_yaml
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 KEYS_HELP = "every key, with its default and meaning: bfspo train --help, or config/README.md, section train"
@@ -392,10 +391,7 @@ def parse_overrides(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise BfspoError(f"override {pair!r} is not of the form key=value")
-        try:
-            out[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError as e:
-            raise BfspoError(f"override {pair!r}: the value is not valid YAML ({e.problem})") from None
+        out[key.strip()] = parse_yaml(value, f"override {pair!r}: the value")
     return out
 
 
@@ -403,13 +399,9 @@ def load_train_config(path: str | None, overrides: list[str]) -> TrainConfig:
     """A TrainConfig from an optional YAML file plus key=value overrides; unknown keys are errors."""
     values: dict = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
+        if not Path(path).is_file():
             raise BfspoError(f"{path}: no such config file")
-        try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            raise BfspoError(f"{path}: not a valid YAML file ({str(e).strip()})") from None
+        loaded = read_yaml(path) or {}
         if not isinstance(loaded, dict):
             raise BfspoError(f"{path}: a config must be a YAML mapping of TrainConfig fields")
         values.update(loaded)
