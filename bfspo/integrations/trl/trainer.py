@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections import defaultdict, deque
 import math
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -254,6 +255,10 @@ class BFSPOTrainer(GRPOTrainer):
         if self.callback_handler.pop_callback(WandbCallback) is not None:
             self.add_callback(SectionedWandbCallback())
         self.verdict = verdict_index(self.reward_func_names, args.verdict_reward)
+        if self.log_completions:  # TRL's table holds a generation batch's completions; a tree has up to (K + 1) G
+            rows = args.generation_batch_size * (args.k + 1)
+            self._logs.update({key: deque(maxlen=rows) for key in ("prompt", "completion", "advantages")})
+            self._logs["rewards"] = defaultdict(lambda: deque(maxlen=rows))
         self.rollout = RescoredEngine(TRLGeneration(self), self.model, args.micro_batch_tokens, args.tree_attention)
         self._update_mode = ExitStack()  # the tree attention, held from a micro-step's forward through its backward
 
