@@ -190,6 +190,10 @@ def unsupported_distribution(trainer: GRPOTrainer) -> list[str]:
     return problems
 
 
+# the sections of `bfspo train`'s keys: rollout/, tree/, advantage/, train/, timing/, val-core/
+SECTIONS = tuple(sorted({key.split("/")[0] + "/" for key in step_metrics.SECTIONS.values()}))
+
+
 class SectionedWandbCallback(WandbCallback):
     """transformers' W&B callback, which prefixes every key with `train/` (`rewrite_logs`), except
     for the keys already in one of `bfspo train`'s sections (bfspo.training.step_metrics: `rollout/`,
@@ -205,9 +209,6 @@ class SectionedWandbCallback(WandbCallback):
             self._wandb.log(ours, commit=False)  # committed with the rest of the row just below
         super().on_log(args, state, control, model=model, logs={k: v for k, v in logs.items() if k not in ours},
                        **kwargs)
-
-
-SECTIONS = tuple(sorted({key.split("/")[0] + "/" for key in step_metrics.SECTIONS.values()}))
 
 
 class BFSPOTrainer(GRPOTrainer):
