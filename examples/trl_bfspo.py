@@ -1,6 +1,6 @@
 """BFS-PO with TRL: train a LoRA adapter on the toy task with `BFSPOTrainer` (docs/trl.md).
 
-First the toy data and model (about 3 min on CPU; `--size test` builds a weaker one in about a minute):
+First the toy data and model (about 3 min on CPU; `--size test` builds a weaker one in under 2 minutes):
 
     bfspo toy data --out-dir results/toy/data --seed 0
     bfspo toy build --train results/toy/data/train.jsonl --out-dir results/toy/model --size default

@@ -325,6 +325,38 @@ def test_train_leaves_the_models_forward_as_it_found_it(two_reward_run):
 
 
 @pytest.mark.slow
+def test_none_from_another_function_is_not_applicable(trl, tiny_model_dir, tmp_path):
+    """TRL's None ("not applicable") from a function other than the verdict leaves the verdict and the
+    leaf reward as they are (it made every chain wrong, as NaN in the weighted sum)."""
+    from bfspo.algorithm.rewards import sequence_reward
+    from bfspo.reporting.tree_stats import read_trees, tree_files
+
+    def not_applicable(completions, **_):
+        return [None] * len(completions)
+
+    trainer = tiny_trainer(tiny_model_dir, tmp_path, [accuracy, not_applicable], verdict_reward="accuracy",
+                           log_trees=-1, max_steps=1, bf16=False, gradient_checkpointing=False)
+    trainer.train()
+    (row,) = step_rows(trainer)
+    assert row["rewards/not_applicable/mean"] is None  # TRL's log: no value where every one was None
+    assert row["reward"] == pytest.approx(row["rewards/accuracy/mean"])
+    leaves = [(leaf, tree["budget"]) for tree, _ in read_trees(tree_files([tmp_path])) for leaf in tree["leaves"]]
+    assert any(leaf["correct"] for leaf, _ in leaves)
+    for leaf, budget in leaves:
+        assert leaf["reward"] == pytest.approx(sequence_reward(leaf["correct"], leaf["length"], budget, True, "paper"))
+
+
+def test_the_example_says_what_to_build_without_the_toy_model(trl, tmp_path):
+    """`python examples/trl_bfspo.py` in a fresh clone (no results/toy/model): the commands that build
+    it, not a transformers "Repo id" error."""
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_bfspo.py"), "--steps", "1"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "no toy model at results/toy/model; build it first" in proc.stderr
+    assert "bfspo toy build --train results/toy/data/train.jsonl --out-dir results/toy/model" in proc.stderr
+
+
+@pytest.mark.slow
 def test_bad_reward_outputs_and_prompts_are_named_errors(trl, tiny_model_dir, tmp_path):
     """A reward function returning a scalar fails naming it; a missing prompt column and an empty
     prompt are named errors, not a KeyError or an IndexError."""
