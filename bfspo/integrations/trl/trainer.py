@@ -10,11 +10,13 @@ is what one generation batch becomes and what the loss is:
    (`_generate_single_turn`: transformers' `generate`, or TRL's vLLM modes), wrapped as a rollout
    engine (`TRLGeneration`); the training model then rescores every sample, tree-packed
    (bfspo.rollout.rescore.RescoredEngine), for the old log-probs and the entropies that
-   backtracking needs (Eq. 6-7). A chain's verdict comes from the reward functions
-   (bfspo.integrations.trl.rewards), its reward from Eq. 3-4, and the advantages from Eq. 8-9
-   (bfspo.algorithm.advantages).
+   backtracking needs (Eq. 6-7). A chain's verdict comes from one reward function, the verdict
+   function (bfspo.integrations.trl.rewards), its reward from Eq. 3-4 plus the other functions'
+   weighted values, and the advantages from Eq. 8-9 (bfspo.algorithm.advantages). `log_rollout`
+   logs GRPOTrainer's metrics and `bfspo train`'s, and `write_trees` the trees (docs/trl.md).
 2. `compute_loss`: each micro-step's trees are packed into one row, each shared prefix once, and run
-   through the model's forward (so DDP and DeepSpeed see the call) with the tree attention; the loss
+   through one call of the model's forward, redirected for that call (`packed_forward`: DDP and
+   DeepSpeed see the call, and the model is left as it was) with the tree attention; the loss
    is Eq. 10 (bfspo.algorithm.loss.policy_loss), normalised by the unique tokens of the whole
    optimizer step over all ranks, as `bfspo train` normalises a mini-batch.
 
