@@ -78,6 +78,9 @@ def test_config_fields_come_from_train_config_and_bad_settings_are_refused(trl, 
         assert getattr(config, name) == train[name].default
         assert BFSPOConfig.__dataclass_fields__[name].metadata["help"].startswith(train[name].metadata["help"])
     assert (config.epsilon, config.epsilon_high, config.beta, config.loss_type) == (EPS_LOW, EPS_HIGH, 0.0, "dapo")
+    for name in ("k", "selection", "verdict_reward", "log_trees", "epsilon_high"):  # TRL's Parameters: section
+        assert f"\n        {name} (`" in BFSPOConfig.__doc__, name
+    assert "\n        beta (`" not in BFSPOConfig.__doc__  # GRPOConfig's own fields are documented by TRL
     with pytest.raises(ValueError, match="selection must be one of"):
         BFSPOConfig(output_dir=str(tmp_path), use_cpu=True, selection="dfs")
     bad = BFSPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", beta=0.04, loss_type="grpo",
