@@ -382,7 +382,8 @@ class BFSPOTrainer(GRPOTrainer):
                                 for t in trees for s in t.leaves()])
         lengths = np.array([c[0] for c in chains], dtype=float)
         finished = np.array([c[1] for c in chains], dtype=bool)
-        per_func = np.array(gather_object([v for t in trees for v in leaf_values(t, names)]), dtype=float)
+        per_func = np.array(gather_object([v for t in trees for v in leaf_values(t, names)]), dtype=float).reshape(
+            -1, len(names))
         rewards = trl_reward(per_func, weights)
         self.state.num_input_tokens_seen += int(sum(c[0] + c[2] for c in chains))  # prompt + completion, per chain
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
