@@ -136,9 +136,9 @@ def trl_child(args) -> int:
             times[-1] += time.perf_counter()
 
         def on_log(self, args_, state, control, logs=None, **kw):
-            if k and logs and "tree/tokens_unique" in logs:  # BFSPOTrainer: the step's generated trees
-                tokens.append(logs["tree/tokens_unique"])
-                questions.append(logs["rollout/questions"])
+            if k and logs and "rollout/tokens_unique" in logs:  # BFSPOTrainer: the step's generated trees
+                tokens.append(logs["rollout/tokens_unique"])
+                questions.append(logs["rollout/groups_kept"] + logs["rollout/groups_filtered"])
 
     # BFS-PO fills DAPO's chains per step with whole trees of (K + 1) G chains (Sec. 4.2), as the bfspo arms
     per_step = max(1, s["train_batch"] // (k + 1))

@@ -1,11 +1,17 @@
 """BFS-PO with TRL: train a LoRA adapter on the toy task with `BFSPOTrainer` (docs/trl.md).
 
-    bfspo toy data --out-dir results/toy/data && bfspo toy build --train results/toy/data/train.jsonl --out-dir results/toy/model
+First the toy data and model (about 3 min on CPU; `--size test` builds a weaker one in under 2 minutes):
+
+    bfspo toy data --out-dir results/toy/data --seed 0
+    bfspo toy build --train results/toy/data/train.jsonl --out-dir results/toy/model --size default
     python examples/trl_bfspo.py --steps 3                                         # one process
     accelerate launch --multi_gpu --num_processes 2 examples/trl_bfspo.py --steps 3   # two processes (DDP; gloo on CPU)
 
-Any causal LM and prepared question file work (`--model`, `--data`, `--benchmark`); W&B logs
-offline into the output directory unless WANDB_MODE says otherwise (`bfspo sync` or `wandb sync`
+Any causal LM and prepared question file work (`--model`, `--data`, `--benchmark`). `--budget` is
+TRL's `max_completion_length`, which is also where Eq. 3's overlong penalty starts from: answers
+past 0.6 x budget lose reward (at TRL's default of 256, past about 154 tokens), so set it to the
+answer length you mean to allow. W&B logs offline into the output directory, in the project
+`bfspo-trl`, unless WANDB_MODE and WANDB_PROJECT say otherwise (`bfspo sync` or `wandb sync`
 uploads it).
 """
 
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 from datasets import Dataset
@@ -32,14 +39,21 @@ def main() -> None:
     p.add_argument("--k", type=int, default=3, help="expansions K of Algorithm 1 (0: DAPO)")
     p.add_argument("--group", type=int, default=8, help="G: answers per question and per expansion")
     p.add_argument("--questions", type=int, default=2, help="questions per optimizer step on each process")
-    p.add_argument("--budget", type=int, default=160, help="L_budget: most generated tokens per path")
+    p.add_argument("--budget", type=int, default=160, help="L_budget (max_completion_length): most generated tokens "
+                   "per path; Eq. 3 penalises answers past 0.6 x budget")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report-to", default="wandb", help="TRL's report_to: wandb (offline by default) or none")
     args = p.parse_args()
 
+    if args.model == p.get_default("model") and not os.path.isdir(args.model):
+        sys.exit(f"examples/trl_bfspo.py: no toy model at {args.model}; build it first (docs/trl.md):\n"
+                 "  bfspo toy data --out-dir results/toy/data --seed 0\n"
+                 "  bfspo toy build --train results/toy/data/train.jsonl --out-dir results/toy/model --size default\n"
+                 "or pass --model and --data")
     os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_PROJECT", "bfspo-trl")  # transformers' W&B callback's default is "huggingface"
     os.environ.setdefault("WANDB_DIR", args.output_dir)
     os.makedirs(args.output_dir, exist_ok=True)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)

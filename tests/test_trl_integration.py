@@ -1,6 +1,8 @@
-"""bfspo.integrations.trl (issue 40): BFSPOTrainer's update on given search trees is our Trainer's
-(K = 3) and TRL's own DAPO loss (K = 0); its settings, its reward function, the layering that keeps
-TRL out of the core, and examples/trl_bfspo.py end to end on one process and two."""
+"""bfspo.integrations.trl (issues 40, 45, 46, 48): BFSPOTrainer's update on given search trees is our
+Trainer's (K = 3) and TRL's own DAPO loss (K = 0); its settings, its reward functions (one verdict,
+the others added to the leaf reward), its metrics under TRL's and `bfspo train`'s names, its tree
+logs, the private TRL names it calls, the layering that keeps TRL out of the core, and
+examples/trl_bfspo.py end to end on one process and two."""
 
 from __future__ import annotations
 
@@ -76,6 +78,9 @@ def test_config_fields_come_from_train_config_and_bad_settings_are_refused(trl, 
         assert getattr(config, name) == train[name].default
         assert BFSPOConfig.__dataclass_fields__[name].metadata["help"].startswith(train[name].metadata["help"])
     assert (config.epsilon, config.epsilon_high, config.beta, config.loss_type) == (EPS_LOW, EPS_HIGH, 0.0, "dapo")
+    for name in ("k", "selection", "verdict_reward", "log_trees", "epsilon_high"):  # TRL's Parameters: section
+        assert f"\n        {name} (`" in BFSPOConfig.__doc__, name
+    assert "\n        beta (`" not in BFSPOConfig.__doc__  # GRPOConfig's own fields are documented by TRL
     with pytest.raises(ValueError, match="selection must be one of"):
         BFSPOConfig(output_dir=str(tmp_path), use_cpu=True, selection="dfs")
     bad = BFSPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", beta=0.04, loss_type="grpo",
@@ -86,6 +91,287 @@ def test_config_fields_come_from_train_config_and_bad_settings_are_refused(trl, 
                                                  "a", "reward"], problems
     with pytest.raises(ValueError, match="beta=0.04.*no reward function"):
         BFSPOTrainer(model="unused", reward_funcs=[], args=bad)
+
+
+def test_the_verdict_comes_from_one_reward_function(trl, tmp_path):
+    """verdict_reward picks the correctness function; by default the only one or verifier_reward's;
+    several functions and no way to pick is refused, naming the field."""
+    from bfspo.integrations.trl import BFSPOConfig, BFSPOTrainer, verifier_reward
+    from bfspo.integrations.trl.rewards import verdict_index
+    from bfspo.integrations.trl.trainer import unsupported_settings
+
+    assert verdict_index(["accuracy"], None) == 0
+    assert verdict_index(["format_reward", "verifier_gsm8k_train"], None) == 1
+    assert verdict_index(["accuracy", "format_reward"], "accuracy") == 0
+    with pytest.raises(ValueError, match="BFSPOConfig.verdict_reward: with several reward functions"):
+        verdict_index(["accuracy", "format_reward"], None)
+    with pytest.raises(ValueError, match="verdict_reward='accurate' must name exactly one"):
+        verdict_index(["accuracy", "format_reward"], "accurate")
+    config = BFSPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    assert not unsupported_settings(config, [format_reward, verifier_reward("gsm8k_train")])
+    with pytest.raises(ValueError, match="verdict_reward"):
+        BFSPOTrainer(model="unused", reward_funcs=[accuracy, format_reward], args=config)
+
+
+def test_reward_values_follow_trls_semantics():
+    """None is "not applicable": it adds nothing to the leaf reward, and from the verdict function it
+    is no verdict, so wrong; a wrong length, a scalar or strings are errors naming the function."""
+    import math
+
+    from bfspo.integrations.trl.rewards import chain_value, extra_reward, is_correct_value
+
+    assert chain_value("f", [0.5]) == 0.5 and chain_value("f", (1,)) == 1.0
+    assert math.isnan(chain_value("f", [None]))
+    assert not is_correct_value(chain_value("f", [None])) and not is_correct_value(float("nan"))
+    assert is_correct_value(1.0) and not is_correct_value(0.0)
+    assert extra_reward([1.0, 0.2, math.nan], [1.0, 2.0, 1.0], verdict=0) == pytest.approx(0.4)
+    assert extra_reward([math.nan, math.nan], [1.0, 1.0], verdict=0) == 0.0
+    for bad in ([0.1, 0.2], 0.5, ["1.0"], [True], []):
+        with pytest.raises(TypeError, match="reward function 'my_reward' returned .* must return a list with one float"):
+            chain_value("my_reward", bad)
+
+
+def test_bad_settings_are_refused_as_bfspo_train_refuses_them(trl, tmp_path):
+    from bfspo.integrations.trl import BFSPOConfig
+    from bfspo.integrations.trl.trainer import unsupported_settings
+
+    for settings, message in ((dict(epsilon_high=-1), "epsilon_high .bfspo train's eps_high. must be a number >= 0"),
+                              (dict(epsilon=float("nan")), "epsilon .bfspo train's eps_low. must be a number in"),
+                              (dict(temperature=0.0), "temperature"), (dict(log_trees=-2), "log_trees")):
+        with pytest.raises(ValueError, match=message):
+            BFSPOConfig(output_dir=str(tmp_path), use_cpu=True, **settings)
+    for settings, word in ((dict(use_liger_kernel=True), "use_liger_kernel"), (dict(scale_rewards="batch"), "scale_rewards"),
+                           (dict(mask_truncated_completions=True), "mask_truncated_completions")):
+        config = BFSPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **settings)
+        assert any(word in p for p in unsupported_settings(config, [accuracy])), settings
+
+
+def test_the_private_trl_names_it_calls_are_there(trl):
+    """BFSPOTrainer reaches into GRPOTrainer and transformers' W&B callback: each name it calls,
+    with the parameters it passes, exists in the pinned TRL 1.16 (this fails when TRL moves one)."""
+    import inspect
+
+    from transformers.integrations import WandbCallback
+    from trl.trainer.utils import get_callable_name
+
+    assert trl.__version__ == "1.16.0"
+    params = inspect.signature(trl.GRPOTrainer._generate_single_turn).parameters
+    assert list(params)[:5] == ["self", "prompt_ids", "images", "multimodal_fields", "num_generations"]
+    assert list(inspect.signature(trl.GRPOTrainer._tokenize_prompts).parameters) == ["self", "prompts"]
+    assert list(inspect.signature(trl.GRPOTrainer._prepare_inputs).parameters) == ["self", "generation_batch"]
+    assert list(inspect.signature(trl.GRPOTrainer.training_step).parameters) == ["self", "model", "inputs",
+                                                                                  "num_items_in_batch"]
+    assert list(inspect.signature(WandbCallback.setup).parameters)[:4] == ["self", "args", "state", "model"]
+    assert get_callable_name(accuracy) == "accuracy"
+    source = inspect.getsource(trl.GRPOTrainer)
+    for attribute in ("self._step", "self._buffered_inputs", "self._metrics", "self._logs", "self.reward_func_names",
+                      "self.reward_weights", "self.generation_config", "self.generation_kwargs", "self.vllm_generation",
+                      "self._is_vlm", "self.eos_token_ids", "self.num_iterations", "self.epsilon_low",
+                      "self.epsilon_high", "self.log_completions", "self.use_vllm", "self.max_completion_length"):
+        assert f"{attribute} = " in source, attribute
+    assert '"prompt"' in source and '"advantages"' in source and '"rewards"' in source  # the _logs table's columns
+    assert "self._initialized" in inspect.getsource(WandbCallback) and "self._wandb" in inspect.getsource(WandbCallback)
+
+
+def test_bfspo_keys_keep_their_sections_in_wandb(trl, tmp_path):
+    """HF's W&B callback prefixes every key with train/; ours keeps `bfspo train`'s sectioned keys as
+    they are (no train/train/...), TRL's own get TRL's prefix, all in one W&B row."""
+    from types import SimpleNamespace
+
+    from bfspo.integrations.trl.trainer import SectionedWandbCallback
+
+    rows = []
+
+    class FakeWandb:
+        def log(self, row, commit=True):
+            rows.append((dict(row), commit))
+
+    callback = SectionedWandbCallback()
+    callback._wandb, callback._initialized = FakeWandb(), True
+    state = SimpleNamespace(is_world_process_zero=True, global_step=3)
+    callback.on_log(None, state, None, logs={"loss": 0.5, "reward": 0.4, "completions/mean_length": 9.0,
+                                             "rollout/accuracy": 0.25, "train/clip_frac": 0.1, "tree/backtracks": 2})
+    assert rows == [({"rollout/accuracy": 0.25, "train/clip_frac": 0.1, "tree/backtracks": 2}, False),
+                    ({"train/loss": 0.5, "train/reward": 0.4, "train/completions/mean_length": 9.0,
+                      "train/global_step": 3}, True)]
+
+
+# --- a short run with two reward functions ---------------------------------------------------------
+
+
+def accuracy(completions, **_):
+    """The test's correctness function: an even number of characters is "right" (the tiny model
+    answers nothing right), so trees hold both verdicts."""
+    return [float(len(c) % 2 == 0) for c in completions]
+
+
+def format_reward(completions, **_):
+    """TRL's usual format reward: 0.2 for a well-formed answer (here every answer)."""
+    return [0.2 for _ in completions]
+
+
+def tiny_trainer(tiny_model_dir, out: Path, reward_funcs, rows=None, **settings):
+    """A BFSPOTrainer on the tiny float32 model (no LoRA), G = 4, K = 1, budget 24, one question a step."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bfspo.integrations.trl import BFSPOConfig, BFSPOTrainer
+
+    torch.manual_seed(0)
+    config = BFSPOConfig(**{"output_dir": str(out), "k": 1, "num_generations": 4, "max_completion_length": 24,
+                            "per_device_train_batch_size": 4, "max_steps": 2, "logging_steps": 1, "save_strategy": "no",
+                            "report_to": "none", "use_cpu": True, "disable_tqdm": True, "learning_rate": 1e-3,
+                            "seed": 0} | settings)
+    rows = rows if rows is not None else [{"prompt": f"Tom has {i} apples.", "id": str(i)} for i in range(8)]
+    return BFSPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                        reward_funcs=reward_funcs, args=config, processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+                        train_dataset=Dataset.from_list(rows))
+
+
+@pytest.fixture(scope="module")
+def two_reward_run(trl, tiny_model_dir, tmp_path_factory):
+    """[accuracy, format_reward] with verdict_reward="accuracy", TRL's defaults for bf16 (True: a
+    float32 model under mixed precision on CPU) and gradient checkpointing, every tree logged,
+    log_completions on: (the trainer after train(), its output folder)."""
+    out = tmp_path_factory.mktemp("two_rewards")
+    trainer = tiny_trainer(tiny_model_dir, out, [accuracy, format_reward], verdict_reward="accuracy", log_trees=-1,
+                           log_completions=True)
+    assert trainer.args.bf16 and trainer.args.gradient_checkpointing, "TRL's defaults"
+    trainer.train()
+    return trainer, out
+
+
+def step_rows(trainer) -> list[dict]:
+    return [row for row in trainer.state.log_history if "loss" in row]
+
+
+@pytest.mark.slow
+def test_a_format_reward_does_not_make_wrong_answers_correct(two_reward_run):
+    """With [accuracy, format] the verdict is the accuracy function's: trees are kept and trained (the
+    weighted sum, always positive here, made every answer correct, no tree kept and the loss 0), the
+    logged accuracy is the accuracy function's, and the format reward adds 0.2 to each leaf reward."""
+    from bfspo.algorithm.rewards import sequence_reward
+    from bfspo.reporting.tree_stats import read_trees, tree_files
+
+    trainer, out = two_reward_run
+    rows = step_rows(trainer)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert sum(r["rollout/groups_kept"] for r in rows) > 0 and any(r["loss"] != 0 for r in rows), rows
+    leaves = []
+    for tree, _ in read_trees(tree_files([out])):
+        values = tree["meta"]["rewards"]
+        assert values["format_reward"] == [0.2] * len(tree["leaves"])
+        for leaf, value in zip(tree["leaves"], values["accuracy"]):
+            assert leaf["correct"] == (value > 0 and leaf["finished"])
+            expected = sequence_reward(leaf["correct"], leaf["length"], tree["budget"], True, "paper") + 0.2
+            assert leaf["reward"] == pytest.approx(expected)
+            leaves.append(leaf)
+    assert 0 < sum(leaf["correct"] for leaf in leaves) < len(leaves)
+    assert len(leaves) == sum(r["rollout/chains_generated"] for r in rows)
+    for r in rows:  # TRL's metrics with TRL's meaning: every chain's value of each function, their weighted sum
+        assert r["rewards/format_reward/mean"] == pytest.approx(0.2)
+        assert r["reward"] == pytest.approx(r["rewards/accuracy/mean"] + 0.2)
+        assert 0 <= r["rollout/accuracy_all_leaves"] <= r["rewards/accuracy/mean"]
+
+
+@pytest.mark.slow
+def test_metrics_carry_trls_names_and_ours_and_tree_logs_read_back(two_reward_run):
+    """GRPOTrainer's own metrics are logged under its names; BFS-PO's under `bfspo train`'s sectioned
+    names (bfspo.training.step_metrics); the tree files read back with `bfspo tree stats`."""
+    from bfspo.reporting.tree_stats import read_trees, tree_files, tree_stats
+    from bfspo.training.step_metrics import SECTIONS
+
+    trainer, out = two_reward_run
+    trl_names = {"num_tokens", "completions/mean_length", "completions/clipped_ratio", "reward", "reward_std",
+                 "frac_reward_zero_std", "rewards/accuracy/mean", "entropy", "clip_ratio/low_mean",
+                 "clip_ratio/high_mean", "clip_ratio/region_mean"}
+    for row in step_rows(trainer):
+        assert trl_names <= row.keys(), trl_names - row.keys()
+        ours = {k for k in row if k.startswith(("rollout/", "tree/", "advantage/", "train/"))}
+        assert ours and ours <= set(SECTIONS.values()), ours - set(SECTIONS.values())
+        assert "tree/chains" not in row and row["rollout/chains_generated"] >= 4
+        assert row["completions/mean_length"] == pytest.approx(row["rollout/len_mean_all_leaves"])
+    assert step_rows(trainer)[1]["num_tokens"] > step_rows(trainer)[0]["num_tokens"] > 0
+    assert sorted(p.name for p in (out / "trees").iterdir()) == ["step_00001.jsonl", "step_00002.jsonl"]
+    assert tree_stats(read_trees(tree_files([out])))
+
+
+@pytest.mark.slow
+def test_log_completions_fills_trls_table_with_the_leaves(two_reward_run):
+    import pandas as pd
+
+    trainer, out = two_reward_run
+    (table,) = sorted((out / "completions").glob("completions_00002.parquet"))
+    df = pd.read_parquet(table)
+    assert len(df) == step_rows(trainer)[1]["rollout/chains_generated"]
+    assert {"prompt", "completion", "accuracy", "format_reward", "advantage"} <= set(df.columns)
+    assert df["advantage"].notna().all() and (df["advantage"] != 0).any()
+    assert df["prompt"].str.startswith("Tom has").all()
+
+
+@pytest.mark.slow
+def test_train_leaves_the_models_forward_as_it_found_it(two_reward_run):
+    """The packed forward is redirected for one call at a time: after train() no function of the
+    trainer is left in the model's forward (the wrappers that accelerate adds, down to the model's
+    own forward); and with bf16=True on CPU a float32 model trains (the update runs in its dtype)."""
+    import inspect
+
+    trainer, _ = two_reward_run
+    code = []
+    f = trainer.model.forward
+    while f is not None:
+        f = getattr(f, "__func__", f)
+        code.append(f.__code__.co_filename if hasattr(f, "__code__") else type(f).__module__)  # a callable object
+        f = getattr(f, "__wrapped__", None)
+    assert code[-1] == inspect.unwrap(type(trainer.model).forward).__code__.co_filename, code
+    assert not [c for c in code if "bfspo" in c], code
+
+
+@pytest.mark.slow
+def test_none_from_another_function_is_not_applicable(trl, tiny_model_dir, tmp_path):
+    """TRL's None ("not applicable") from a function other than the verdict leaves the verdict and the
+    leaf reward as they are (it made every chain wrong, as NaN in the weighted sum)."""
+    from bfspo.algorithm.rewards import sequence_reward
+    from bfspo.reporting.tree_stats import read_trees, tree_files
+
+    def not_applicable(completions, **_):
+        return [None] * len(completions)
+
+    trainer = tiny_trainer(tiny_model_dir, tmp_path, [accuracy, not_applicable], verdict_reward="accuracy",
+                           log_trees=-1, max_steps=1, bf16=False, gradient_checkpointing=False)
+    trainer.train()
+    (row,) = step_rows(trainer)
+    assert row["rewards/not_applicable/mean"] is None  # TRL's log: no value where every one was None
+    assert row["reward"] == pytest.approx(row["rewards/accuracy/mean"])
+    leaves = [(leaf, tree["budget"]) for tree, _ in read_trees(tree_files([tmp_path])) for leaf in tree["leaves"]]
+    assert any(leaf["correct"] for leaf, _ in leaves)
+    for leaf, budget in leaves:
+        assert leaf["reward"] == pytest.approx(sequence_reward(leaf["correct"], leaf["length"], budget, True, "paper"))
+
+
+def test_the_example_says_what_to_build_without_the_toy_model(trl, tmp_path):
+    """`python examples/trl_bfspo.py` in a fresh clone (no results/toy/model): the commands that build
+    it, not a transformers "Repo id" error."""
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_bfspo.py"), "--steps", "1"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "no toy model at results/toy/model; build it first" in proc.stderr
+    assert "bfspo toy build --train results/toy/data/train.jsonl --out-dir results/toy/model" in proc.stderr
+
+
+@pytest.mark.slow
+def test_bad_reward_outputs_and_prompts_are_named_errors(trl, tiny_model_dir, tmp_path):
+    """A reward function returning a scalar fails naming it; a missing prompt column and an empty
+    prompt are named errors, not a KeyError or an IndexError."""
+    def scalar(completions, **_):
+        return 1.0
+
+    with pytest.raises(TypeError, match="reward function 'scalar' returned 1.0"):
+        tiny_trainer(tiny_model_dir, tmp_path / "a", scalar, max_steps=1).train()
+    with pytest.raises(ValueError, match="no 'prompt' column .its columns: question, id"):
+        tiny_trainer(tiny_model_dir, tmp_path / "b", accuracy, rows=[{"question": "q", "id": "1"}] * 4)
+    with pytest.raises(ValueError, match="an empty prompt .''. in the train_dataset, row id '1'"):
+        tiny_trainer(tiny_model_dir, tmp_path / "c", accuracy, rows=[{"prompt": "", "id": "1"}] * 4, max_steps=1).train()
 
 
 # --- the same trees, the same update ---------------------------------------------------------------
@@ -228,7 +514,8 @@ def test_the_example_trains_three_steps_and_logs_wandb_offline(trl, tiny_model_d
     state = run_example(tiny_model_dir, train_data, out, launcher)
     steps = [row for row in state["log_history"] if "loss" in row]
     assert [row["step"] for row in steps] == [1, 2, 3]
-    assert all(row["rollout/questions"] == processes and row["tree/chains"] >= 4 for row in steps), steps
+    assert all(row["rollout/groups_kept"] + row["rollout/groups_filtered"] == processes
+               and row["rollout/chains_generated"] >= 4 for row in steps), steps
     assert (out / "adapter_model.safetensors").exists()
     (run,) = (out / "wandb").glob("offline-run-*")
     assert list(run.glob("*.wandb"))

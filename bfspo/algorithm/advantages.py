@@ -46,17 +46,21 @@ def group_advantages(rewards: Sequence[float], eps: float = EPS) -> list[float]:
     return [(r - mean) / (std + eps) for r in rewards]
 
 
-def assign_rewards(tree: SearchTree, overlong: bool = True, window: str = "paper") -> None:
+def assign_rewards(tree: SearchTree, overlong: bool = True, window: str = "paper",
+                   extra: dict[int, float] | None = None) -> None:
     """Eq. 4 on every leaf, then Eq. 8 bottom-up on every segment and at the root (in place).
 
     The overlong punishment uses the tree's budget (Eq. 3 with L_cache = budget / 5) and the
-    window's L_max (bfspo.algorithm.rewards.overlong_window).
+    window's L_max (bfspo.algorithm.rewards.overlong_window). `extra` (leaf segment id -> a term
+    added to that leaf's Eq. 4 reward) carries rewards beyond the paper's, such as the TRL trainer's
+    other reward functions (docs/trl.md); absent, the reward is Eq. 4's.
     """
+    extra = extra or {}
     for seg_id in reversed(tree.dfs()):  # children before parents
         seg = tree.segments[seg_id]
         if seg.leaf is not None:
             seg.leaf.reward = float(sequence_reward(seg.leaf.correct, seg.leaf.length, tree.budget,
-                                                    overlong, window))
+                                                    overlong, window)) + extra.get(seg_id, 0.0)
             seg.reward = seg.leaf.reward
         else:
             seg.reward = math.fsum(tree.segments[c].reward for c in seg.children) / len(seg.children)

@@ -93,6 +93,24 @@ _NUMBER_BOUNDS = {
 }
 
 
+# field -> its allowed values, from their one source; TrainConfig checks them, BFSPOConfig imports them
+CHOICES = {"selection": SELECTIONS, "advantage": tuple(ADVANTAGES), "overlong_window": WINDOWS,
+           "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled"),
+           "batch_unit": ("chains", "prompts"), "filter": FILTERS, "tree_attention": ATTENTIONS,
+           "device": DEVICES, "rollout": ROLLOUTS}
+
+
+def number_problem(name: str, value) -> str | None:
+    """What is wrong with `value` for the number field `name` (one of `_NUMBER_BOUNDS`), or None;
+    the TRL trainer's config checks its own spellings of these fields with it."""
+    ok, bounds = _NUMBER_BOUNDS[name]
+    if not _is_number(value) or not ok(value):
+        return f"must be a number {bounds}, got {value!r}"
+    if not math.isfinite(value):
+        return f"must be a finite number {bounds}, got {value!r}"
+    return None
+
+
 @dataclass
 class TrainConfig:
     """One training run: one model, one training set, one method (DAPO = k 0, BFS-PO, or an ablation)."""
@@ -270,11 +288,7 @@ class TrainConfig:
         modules = self.lora_target_modules
         if not isinstance(modules, list) or not modules or not all(isinstance(m, str) and m for m in modules):
             raise BfspoError(f"config: lora_target_modules must be a non-empty list of module names, got {modules!r}")
-        choices = {"selection": SELECTIONS, "advantage": tuple(ADVANTAGES), "overlong_window": WINDOWS,
-                   "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled"),
-                   "batch_unit": ("chains", "prompts"), "filter": FILTERS, "tree_attention": ATTENTIONS,
-                   "device": DEVICES, "rollout": ROLLOUTS}
-        for name, allowed in choices.items():
+        for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise BfspoError(f"config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
         positive = ["group_size", "budget", "steps", "train_batch", "mini_batch", "max_gen_rounds",
@@ -291,12 +305,10 @@ class TrainConfig:
                              "request-level loop); use rollout: lockstep or auto")
         if not (self.per_request_seeds is None or isinstance(self.per_request_seeds, bool)):
             raise BfspoError(f"config: per_request_seeds must be true, false or null, got {self.per_request_seeds!r}")
-        for name, (ok, bounds) in _NUMBER_BOUNDS.items():
-            value = getattr(self, name)
-            if not _is_number(value) or not ok(value):
-                raise BfspoError(f"config: {name} must be a number {bounds}, got {value!r}")
-            if not math.isfinite(value):
-                raise BfspoError(f"config: {name} must be a finite number {bounds}, got {value!r}")
+        for name in _NUMBER_BOUNDS:
+            problem = number_problem(name, getattr(self, name))
+            if problem:
+                raise BfspoError(f"config: {name} {problem}")
         if isinstance(self.log_trees, bool) or not _is_int(self.log_trees) or self.log_trees < -1:
             raise BfspoError(f"config: log_trees must be a number of trees per step, -1 for all of them (was true) or "
                              f"0 for none (was false), got {self.log_trees!r}")

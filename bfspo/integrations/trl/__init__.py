@@ -1,4 +1,4 @@
-"""BFS-PO as a TRL trainer (`pip install bfspo[trl]`; docs/trl.md):
+"""BFS-PO as a TRL trainer (`pip install -e ".[trl]"` in the clone; docs/trl.md):
 
     from bfspo.integrations.trl import BFSPOConfig, BFSPOTrainer, verifier_reward
 
