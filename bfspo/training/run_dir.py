@@ -111,6 +111,13 @@ def set_aside(run_dir: Path, differ: list[str]) -> None:
     console.line(history.holdings_line(run_dir, "run"))
 
 
+def write_trees(run_dir: Path, step: int, trees: list[dict]) -> None:
+    """A step's logged search trees (SearchTree.to_dict rows, token texts included) to
+    run_dir/trees/step_NNNNN.jsonl, atomically: what `bfspo tree show` and `bfspo tree stats` read.
+    Both `bfspo train` and the TRL trainer (bfspo.integrations.trl) write them here."""
+    atomic_write_text(run_dir / "trees" / f"step_{step:05d}.jsonl", "".join(json.dumps(t) + "\n" for t in trees))
+
+
 def read_metrics(path: Path) -> list[tuple[int, dict]]:
     """(line, row) of each readable row of a run's metrics.jsonl.
 

@@ -46,7 +46,7 @@ from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_t
 from bfspo.training.config import TrainConfig
 from bfspo.training.samples import sample_table
 from bfspo.errors import BfspoError
-from bfspo.io import append_line, atomic_write_text, write_json
+from bfspo.io import append_line, write_json
 from bfspo.algorithm.packing import n_entries
 from bfspo.rollout.rescore import RescoredEngine
 from bfspo.rollout.streamed import StreamedSearch, resolve_rollout
@@ -55,7 +55,7 @@ from bfspo.algorithm.search import build_trees
 from bfspo.rollout.base import needed_model_len
 from bfspo.training.batching import minibatch_plan
 from bfspo.training.nonfinite import step_if_finite
-from bfspo.training.run_dir import Start, prepare_run_dir, run_inputs, set_aside, trim_metrics
+from bfspo.training.run_dir import Start, prepare_run_dir, run_inputs, set_aside, trim_metrics, write_trees
 
 
 @dataclass
@@ -400,8 +400,7 @@ class Trainer:
         if self.rank == 0:
             append_line(self.run_dir / "metrics.jsonl", json.dumps(row))
             if trees:
-                atomic_write_text(self.run_dir / "trees" / f"step_{self.step:05d}.jsonl",
-                                  "".join(json.dumps(t) + "\n" for t in trees))
+                write_trees(self.run_dir, self.step, trees)
             if self.step > self.wandb_logged:
                 samples = {"rollout/samples": tracking.table(sample_table(trees, self.step))} \
                     if trees and run is not None and self.checkpoint_due() else {}

@@ -28,7 +28,6 @@ With K = 0 the trees are GRPO's groups and the loss is TRL's `loss_type="dapo"`
 from __future__ import annotations
 
 import inspect
-import json
 from collections import defaultdict, deque
 import math
 from contextlib import ExitStack, contextmanager
@@ -51,10 +50,10 @@ from bfspo.algorithm.tree_attention import flex_errors
 from bfspo.detokenize import token_texts
 from bfspo.integrations.trl.config import BFSPOConfig
 from bfspo.integrations.trl.rewards import chain_value, extra_reward, is_correct_value, verdict_index
-from bfspo.io import atomic_write_text
 from bfspo.rollout.base import Completion, per_context_budgets
 from bfspo.rollout.rescore import RescoredEngine
 from bfspo.training import step_metrics
+from bfspo.training.run_dir import write_trees
 
 NAN = float("nan")
 
@@ -435,8 +434,7 @@ class BFSPOTrainer(GRPOTrainer):
         mine = trees if n < 0 else trees[:math.ceil(n / self.accelerator.num_processes)]
         decoded = gather_object([t.to_dict(decode=lambda ids: token_texts(self.processing_class, ids)) for t in mine])
         if self.accelerator.is_main_process and decoded:
-            atomic_write_text(Path(self.args.output_dir) / "trees" / f"step_{self.state.global_step + 1:05d}.jsonl",
-                              "".join(json.dumps(t) + "\n" for t in decoded))
+            write_trees(Path(self.args.output_dir), self.state.global_step + 1, decoded)
 
     # --- the update: Eq. 10 over the unique tokens --------------------------------------------------
 
