@@ -52,7 +52,7 @@ def smollm2_dir(request, tmp_path_factory) -> Path:
 
     source = gguf_file()
     stamp = f"{source.stat().st_size} {source.stat().st_mtime_ns} transformers {transformers.__version__}"
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # none under -p no:cacheprovider
     root = Path(cache.mkdir("smollm2-135m")) if cache is not None else tmp_path_factory.mktemp("smollm2")
     model, recorded = root / "model", root / "converted-from.txt"
     if not (model / "config.json").exists() or not recorded.exists() or recorded.read_text() != stamp:

@@ -21,11 +21,11 @@ Imports stay light (no torch): this runs in every Snakemake invocation.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from bfspo.errors import BfspoError
 from bfspo.evaluation.protocol import check_protocol
+from bfspo.io import read_json
 from bfspo.model_source import local_problem
 from bfspo.tasks.benchmarks import get_benchmark
 from bfspo.training.config import config_from_values
@@ -36,10 +36,10 @@ def model_positions(model: str) -> int | None:
     built yet, or a config without it)."""
     path = Path(model).expanduser() / "config.json"
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        config = read_json(path)
+    except (OSError, BfspoError):  # damaged: the GPU plan's reader names it (bfspo.pipeline.shapes)
         return None
-    positions = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    positions = config.get("max_position_embeddings")
     return positions if isinstance(positions, int) and not isinstance(positions, bool) else None
 
 

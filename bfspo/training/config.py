@@ -93,11 +93,14 @@ _NUMBER_BOUNDS = {
 }
 
 
-# field -> its allowed values, from their one source; TrainConfig checks them, BFSPOConfig imports them
-CHOICES = {"selection": SELECTIONS, "advantage": tuple(ADVANTAGES), "overlong_window": WINDOWS,
-           "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled"),
-           "batch_unit": ("chains", "prompts"), "filter": FILTERS, "tree_attention": ATTENTIONS,
-           "device": DEVICES, "rollout": ROLLOUTS}
+def choices() -> dict[str, tuple]:
+    """Field -> its allowed values, from their one source, read at each call (an advantage variant
+    registered in ADVANTAGES after import is allowed at once); TrainConfig checks them, BFSPOConfig
+    takes its fields' from here."""
+    return {"selection": SELECTIONS, "advantage": tuple(ADVANTAGES), "overlong_window": WINDOWS,
+            "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled"),
+            "batch_unit": ("chains", "prompts"), "filter": FILTERS, "tree_attention": ATTENTIONS,
+            "device": DEVICES, "rollout": ROLLOUTS}
 
 
 def number_problem(name: str, value) -> str | None:
@@ -288,7 +291,7 @@ class TrainConfig:
         modules = self.lora_target_modules
         if not isinstance(modules, list) or not modules or not all(isinstance(m, str) and m for m in modules):
             raise BfspoError(f"config: lora_target_modules must be a non-empty list of module names, got {modules!r}")
-        for name, allowed in CHOICES.items():
+        for name, allowed in choices().items():
             if getattr(self, name) not in allowed:
                 raise BfspoError(f"config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
         positive = ["group_size", "budget", "steps", "train_batch", "mini_batch", "max_gen_rounds",

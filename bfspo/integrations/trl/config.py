@@ -24,7 +24,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from trl import GRPOConfig
 
 from bfspo.algorithm.loss import EPS_HIGH
-from bfspo.training.config import CHOICES as TRAIN_CHOICES
+from bfspo.training.config import choices as train_choices
 from bfspo.training.config import TrainConfig, number_problem
 
 _TRAIN_FIELDS = {f.name: f for f in fields(TrainConfig)}
@@ -36,8 +36,8 @@ def _as_in_train_config(name: str):
     return field(default=f.default if f.default is not MISSING else None, metadata={"help": f.metadata["help"]})
 
 
-# field -> its allowed values: TrainConfig's
-CHOICES = {name: TRAIN_CHOICES[name] for name in ("selection", "filter", "advantage", "overlong_window", "tree_attention")}
+# the fields whose allowed values are TrainConfig's (bfspo.training.config.choices)
+CHOICE_FIELDS = ("selection", "filter", "advantage", "overlong_window", "tree_attention")
 # a TRL field -> TrainConfig's number field of the same meaning, whose bounds it is checked against
 NUMBERS = {"epsilon": "eps_low", "epsilon_high": "eps_high", "temperature": "temperature", "top_p": "top_p",
            "learning_rate": "lr", "weight_decay": "weight_decay", "max_grad_norm": "max_grad_norm"}
@@ -81,7 +81,9 @@ class BFSPOConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name, allowed in CHOICES.items():
+        allowed_values = train_choices()
+        for name in CHOICE_FIELDS:
+            allowed = allowed_values[name]
             if getattr(self, name) not in allowed:
                 raise ValueError(f"BFSPOConfig: {name} must be one of {allowed}, got {getattr(self, name)!r}")
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
