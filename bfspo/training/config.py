@@ -25,6 +25,7 @@ from bfspo.algorithm.rewards import WINDOWS
 from bfspo.algorithm.search import SELECTIONS
 from bfspo.device import DEVICES
 from bfspo.rollout.streamed import ROLLOUTS, resolve_rollout
+from bfspo.training.batching import SAMPLINGS
 from bfspo.errors import BfspoError
 from bfspo.io import parse_yaml, read_yaml
 
@@ -97,7 +98,7 @@ _NUMBER_BOUNDS = {
 CHOICES = {"selection": SELECTIONS, "advantage": tuple(ADVANTAGES), "overlong_window": WINDOWS,
            "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled"),
            "batch_unit": ("chains", "prompts"), "filter": FILTERS, "tree_attention": ATTENTIONS,
-           "device": DEVICES, "rollout": ROLLOUTS}
+           "device": DEVICES, "rollout": ROLLOUTS, "sampling": SAMPLINGS}
 
 
 def number_problem(name: str, value) -> str | None:
@@ -162,6 +163,12 @@ class TrainConfig:
         "help": "Dynamic sampling: each generation round asks for this many times the questions the missing "
                 "chains need (verl's DAPO recipe generates for 3x its training prompts); at most "
                 f"{MAX_OVERSAMPLE:g}, where one round already generates for a hundred batches."})
+    sampling: str = field(default="keep_rate", metadata={
+        "help": "Dynamic sampling's rule for how many questions a round asks (a streamed rollout: keeps in flight): "
+                "'keep_rate' asks for the questions the batch will keep, at the keep rate observed so far in the run "
+                "(carried across steps and in the checkpoint), at least 1x and at most oversample times the need; "
+                "'fixed' asks oversample times the need at every step, verl's DAPO recipe exactly "
+                "(docs/algorithm.md, 'Dynamic sampling')."})
     max_gen_rounds: int = field(default=10, metadata={
         "help": "Dynamic sampling: most generation rounds spent filling one batch (verl's DAPO recipe: 10); a batch "
                 "still short after them is trained as it is and logged with batch_full 0."})
