@@ -4,11 +4,12 @@
 paper.yaml trains DAPO at G = 16 and BFS-PO (its methods' `train: &trees`) at K = 3 with G = 4, so that a
 tree is (K + 1) G = 16 chains, one DAPO group; both with `filter: first_samples`, oversample 3 and up to
 10 generation rounds, and dynamic sampling's rule (`--samplings`: `fixed` asks 3x the need at every step,
-`keep_rate` 1 / the keep rate seen so far, within 1x-3x: issue 47). That much is kept here. What differs from paper.yaml: a batch of `--chains` chains
-(64) trained in one optimizer step (`train_batch` = `mini_batch`, counted in chains), against paper.yaml's
-8,192 chains in 16 mini-batches of 512; lr 2e-3, against 1e-6; the toy model, its questions and a budget
-of 160. With 64 chains, 4 DAPO groups against 4 BFS-PO trees: equal questions and chains per optimizer
-step. Everything else (model, questions, budget, lr, LoRA, steps, threads) is the same for both arms.
+`keep_rate` 1 / the keep rate seen so far, within 1x-3x: issue 47). That much is kept here. What differs
+from paper.yaml: a batch of `--chains` chains (64) trained in one optimizer step (`train_batch` =
+`mini_batch`, counted in chains), against paper.yaml's 8,192 chains in 16 mini-batches of 512; lr 2e-3,
+against 1e-6; the toy model, its questions and a budget of 160. With 64 chains, 4 DAPO groups against 4
+BFS-PO trees: equal questions and chains per optimizer step. Everything else (model, questions, budget,
+lr, LoRA, steps, threads) is the same for both arms.
 
 Arms, per engine (`transformers`, `vllm` with its default `rollout: auto`, streamed on vLLM) and
 sampling rule:

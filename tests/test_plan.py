@@ -725,7 +725,8 @@ def test_a_job_over_the_partitions_time_limit_is_refused_naming_its_time_and_the
     else:
         assert p.problems == []
     # the advice is enough: at the limit it names, the 8b jobs fit (and need the attempts it names)
-    fixed = paper_fixed(lambda c: c["slurm"].update(max_runtime=1440) or c["resources"]["8b"].update(train_runtime=1440))
+    fixed = paper_fixed(lambda c: c["slurm"].update(max_runtime=1440)
+                        or c["resources"]["8b"].update(train_runtime=1440))
     after = plan(fixed, ["config/paper.yaml"])
     assert "over the partition's" not in after.refusal and "needs 5 attempts" in after.refusal
     assert "(then 5 attempts; raise retries to 5, one to spare)" in plan(

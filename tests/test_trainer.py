@@ -663,4 +663,5 @@ def test_a_resumed_run_samples_at_the_keep_rate_an_uninterrupted_one_would(tiny_
     fixed.keep_rate = run.keep_rate
     fixed.step = 1
     assert fixed.rollout()[2]["ask_rate"] == 60.0
-    assert batching.ask_rate("keep_rate", resumed.keep_rate, 60.0) == batching.ask_rate("keep_rate", run.keep_rate, 60.0)
+    assert (batching.ask_rate("keep_rate", resumed.keep_rate, 60.0)
+            == batching.ask_rate("keep_rate", run.keep_rate, 60.0) == pytest.approx(1 / run.keep_rate.value))

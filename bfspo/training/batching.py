@@ -4,14 +4,15 @@ optimizer steps.
 A batch holds `target` complete chains, for DAPO (K = 0: a tree is a group of G) and BFS-PO alike
 (Sec. 4.2: "the same number of total sequences used in DAPO, obtained using multiple questions and
 trees"). Trees without signal are dropped (DAPO's constraint 0 < |{o_i correct}| < G, Eq. 2;
-`keep_tree`). Each generation round asks for more questions than the missing chains need, and
-rounds repeat until the batch is full or `max_rounds` are spent. How many more is the sampling rule
+`keep_tree`). Each generation round asks for more questions than the missing chains need, and rounds
+repeat until the batch is full or `max_rounds` are spent. How many more is the sampling rule
 (`SAMPLINGS`, `ask_rate`): "fixed" asks `oversample` times the need, as verl's DAPO recipe does;
 "keep_rate" asks for the questions the batch will keep, at the keep rate seen so far in the run
 (`KeepRate`), between 1x the need and `oversample`. Which questions are drawn, in which order, is
-the data order under either rule: the rule sets only how many. Kept trees beyond the batch are discarded, as verl discards its surplus prompts. On one
-streamed engine loop (`fill_streamed`) there are no rounds, and the batch is taken in the order the
-questions were drawn, whatever order their trees finish in.
+the data order under either rule: the rule sets only how many. Kept trees beyond the batch are
+discarded, as verl discards its surplus prompts. On one streamed engine loop (`fill_streamed`) there
+are no rounds, and the batch is taken in the order the questions were drawn, whatever order their
+trees finish in.
 """
 
 from __future__ import annotations
