@@ -65,7 +65,7 @@ def rollout(engine: BetaEngine, k: int, group_size: int = 8, budget: int = 64, f
 def test_both_methods_fill_512_chains_and_take_16_steps(mean, k):
     engine = BetaEngine(mean, seed=k)
     filled = batching.fill(rollout(engine, k), keep_tree, target=512, chains_per_question=8 * (k + 1),
-                           oversample=3.0, max_rounds=10)
+                           rate=3.0, max_rounds=10)
     batch = batching.select(filled.kept, 512)
     stats = batching.batch_stats(filled, batch, 512)
     assert stats["chains"] == 512 and stats["batch_full"] is True
@@ -80,7 +80,7 @@ def test_first_samples_filter_fills_the_batch_with_mixed_first_groups_only():
     for filter in ("all_leaves", "first_samples"):
         engine = BetaEngine(0.84, seed=1)
         filled = batching.fill(rollout(engine, 3, filter=filter), lambda t: keep_tree(t, filter), target=512,
-                               chains_per_question=32, oversample=3.0, max_rounds=10)
+                               chains_per_question=32, rate=3.0, max_rounds=10)
         batch = batching.select(filled.kept, 512)
         assert batching.batch_stats(filled, batch, 512)["batch_full"] is True
         kept[filter] = filled.kept
@@ -111,7 +111,7 @@ def test_every_arm_of_the_breakdown_study_fills_its_batches(config, mean):
             filled = batching.fill(rollout(engine, arm["k"], group_size=arm["group_size"], filter=arm["filter"]),
                                    lambda t: keep_tree(t, arm["filter"]), target=target,
                                    chains_per_question=arm["group_size"] * (arm["k"] + 1),
-                                   oversample=arm["oversample"], max_rounds=arm["max_gen_rounds"])
+                                   rate=arm["oversample"], max_rounds=arm["max_gen_rounds"])
             stats = batching.batch_stats(filled, batching.select(filled.kept, target), target)
             assert stats["batch_full"] and stats["gen_rounds"] <= 4, (name, stats)
 
@@ -119,7 +119,7 @@ def test_every_arm_of_the_breakdown_study_fills_its_batches(config, mean):
 def test_the_old_sampling_leaves_dapo_short_at_84_percent():
     # issue 14: no oversampling and 3 rounds left DAPO's batches short where the model is good
     engine = BetaEngine(0.84, seed=0)
-    filled = batching.fill(rollout(engine, 0), keep_tree, target=512, chains_per_question=8, oversample=1.0,
+    filled = batching.fill(rollout(engine, 0), keep_tree, target=512, chains_per_question=8, rate=1.0,
                            max_rounds=3)
     stats = batching.batch_stats(filled, batching.select(filled.kept, 512), 512)
     assert stats["chains"] < 512 and stats["batch_full"] is False and stats["gen_rounds"] == 3
@@ -151,7 +151,7 @@ def test_fill_stops_when_full_or_out_of_rounds():
         asked.append((n, round_))
         return [Tree(8, keep=i % 2 == 0) for i in range(n)]  # half the groups have signal
 
-    filled = batching.fill(generate, lambda t: t.keep, target=64, chains_per_question=8, oversample=1.0, max_rounds=10)
+    filled = batching.fill(generate, lambda t: t.keep, target=64, chains_per_question=8, rate=1.0, max_rounds=10)
     # round 0: 8 asked, 4 kept (32 chains); round 1: 4 asked, 2 kept; round 2: 2 asked, 1 kept; round 3: 1 asked, 1 kept
     assert asked == [(8, 0), (4, 1), (2, 2), (1, 3)]
     assert filled.rounds == 4 and len(filled.kept) == 8 and len(filled.generated) == 15
@@ -170,12 +170,14 @@ def test_select_is_first_fit_of_whole_trees():
 def test_batch_stats_and_merge_over_ranks():
     filled = batching.Filled(kept=[Tree(20), Tree(8), Tree(4)], generated=[Tree(20)] * 5, rounds=2)
     a = batching.batch_stats(filled, [Tree(20), Tree(8), Tree(4)], 32)
-    assert a == {"questions_generated": 5, "questions_kept": 3, "trees": 3, "chains": 32, "chains_target": 32,
-                 "gen_rounds": 2, "batch_full": True}
-    b = batching.batch_stats(batching.Filled(kept=[Tree(8)], generated=[Tree(8)] * 9, rounds=10), [Tree(8)], 32)
-    assert b["batch_full"] is False
-    assert batching.merge_ranks([a, b]) == {"questions_generated": 14, "questions_kept": 4, "trees": 4, "chains": 40,
-                                            "chains_target": 64, "gen_rounds": 10, "batch_full": False}
+    assert a == {"questions_asked": 5, "questions_generated": 5, "questions_kept": 3, "chains_kept": 32, "trees": 3,
+                 "chains": 32, "chains_target": 32, "gen_rounds": 2, "batch_full": True}
+    b = batching.batch_stats(batching.Filled(kept=[Tree(8)] * 2, generated=[Tree(8)] * 9, rounds=10, aborted=3),
+                             [Tree(8)], 32)
+    assert b["batch_full"] is False and b["questions_asked"] == 12 and b["chains_kept"] == 16
+    assert batching.merge_ranks([a, b]) == {"questions_asked": 17, "questions_generated": 14, "questions_kept": 5,
+                                            "chains_kept": 48, "trees": 4, "chains": 40, "chains_target": 64,
+                                            "gen_rounds": 10, "batch_full": False}
 
 
 class StreamedFake:
@@ -280,7 +282,7 @@ def test_a_streamed_batch_does_not_depend_on_the_finish_order(seed):
                           planted=planted)
     filled = fill_streamed(search, target=24, oversample=3.0, max_rounds=10)
     lockstep = batching.fill(lambda n, r: search.trees[:n] if r == 0 else [], lambda t: t.keep, target=24,
-                             chains_per_question=4, oversample=3.0, max_rounds=1)
+                             chains_per_question=4, rate=3.0, max_rounds=1)
     expected = batching.select(lockstep.kept, 24)
     assert sum(len(t.leaves()) for t in expected) == 24, "the lockstep round must fill the batch for this test"
     assert [t.i for t in batching.select(filled.kept, 24)] == [t.i for t in expected]
@@ -302,7 +304,7 @@ def test_a_streamed_batch_does_not_depend_on_the_finish_order(seed):
 def test_questions_to_add_counts_kept_growing_trees_as_their_chains(missing, sure, pending, n):
     """paper.yaml's trees (K = 3, G = 4: 16 chains) at oversample 3: a growing tree past the filter counts
     as 16 chains, one still open as 16 / 3."""
-    assert batching.questions_to_add(missing, sure, pending, chains_per_question=16, oversample=3.0) == n
+    assert batching.questions_to_add(missing, sure, pending, chains_per_question=16, rate=3.0) == n
 
 
 def test_a_streamed_rollout_does_not_add_questions_for_trees_already_kept():
@@ -334,7 +336,7 @@ def test_no_filter_keeps_every_group_and_generates_only_the_batch():
     for filter in ("none", "all_leaves"):
         engine = BetaEngine(0.84, seed=2)
         filled = batching.fill(rollout(engine, 0, filter=filter), lambda t: keep_tree(t, filter), target=64,
-                               chains_per_question=8, oversample=1.0, max_rounds=10)
+                               chains_per_question=8, rate=1.0, max_rounds=10)
         batch = batching.select(filled.kept, 64)
         assert batching.batch_stats(filled, batch, 64)["batch_full"] is True
         generated[filter] = len(filled.generated)
@@ -342,3 +344,100 @@ def test_no_filter_keeps_every_group_and_generates_only_the_batch():
             assert len(filled.generated) == len(filled.kept) == len(batch) == 8
             assert any(not keep_tree(t, "all_leaves") for t in batch), "groups without signal are trained too"
     assert generated["all_leaves"] > generated["none"]
+
+
+def test_the_keep_rate_estimate_weighs_each_step_by_its_volume_and_decays():
+    """KeepRate: chains kept over the chains the generated questions would hold fully expanded, the
+    earlier steps' counts weighted by KEEP_RATE_DECAY at each step."""
+    estimate = batching.KeepRate()
+    assert np.isnan(estimate.value)
+    estimate = estimate.update(kept_chains=16, questions=8, chains_per_question=4)
+    assert estimate.value == 0.5
+    estimate = estimate.update(kept_chains=32, questions=8, chains_per_question=4)
+    d = batching.KEEP_RATE_DECAY
+    assert estimate.value == pytest.approx((16 * d + 32) / (32 * d + 32))
+    assert estimate.update(0, 0, 4).value == estimate.value  # a step that generated nothing changes nothing
+
+
+@pytest.mark.parametrize("sampling, kept, asked, floor, rate", [
+    ("fixed", 16, 32, 1.0, 3.0),  # verl's rule whatever the keep rate
+    ("keep_rate", 0, 0, 1.0, 3.0),  # no step yet: as the fixed rule
+    ("keep_rate", 0, 32, 1.0, 3.0),  # nothing kept: at most oversample
+    ("keep_rate", 16, 32, 1.0, 2.0),  # half kept: twice the need
+    ("keep_rate", 4, 32, 1.0, 3.0),  # an eighth kept: bounded by oversample
+    ("keep_rate", 30, 32, 1.0, 32 / 30),
+    ("keep_rate", 32, 32, 1.0, 1.0),
+    ("keep_rate", 32, 32, 1.25, 1.25),  # bounded by the floor
+])
+def test_ask_rate_is_one_over_the_keep_rate_between_the_floor_and_oversample(sampling, kept, asked, floor, rate):
+    assert batching.ask_rate(sampling, batching.KeepRate(kept, asked), 3.0, floor) == pytest.approx(rate)
+
+
+def test_ask_rate_names_an_unknown_rule():
+    with pytest.raises(ValueError, match="unknown sampling 'verl'"):
+        batching.ask_rate("verl", batching.KeepRate(), 3.0)
+
+
+def test_later_rounds_ask_for_the_shortfall_at_the_same_rate():
+    asked = []
+
+    def generate(n, round_):
+        asked.append(n)
+        return [Tree(8, keep=i % 2 == 0) for i in range(n)]  # half the groups have signal
+
+    filled = batching.fill(generate, lambda t: t.keep, target=64, chains_per_question=8, rate=2.0, max_rounds=10)
+    # 16 asked, 8 kept: full in one round; at 1.5x: 12 asked, 6 kept (48 chains), then ceil(1.5 * 16 / 8) = 3,
+    # of which 2 kept fill the batch
+    assert asked == [16] and filled.rounds == 1
+    asked.clear()
+    filled = batching.fill(generate, lambda t: t.keep, target=64, chains_per_question=8, rate=1.5, max_rounds=10)
+    assert asked == [12, 3] and len(filled.kept) == 6 + 2 and filled.rounds == 2
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_streamed_step_trains_the_same_trees_under_both_sampling_rules(seed):
+    """Issue 47: the rate sets only how far past the batch's prefix the engine works. Trees of random
+    sizes, verdicts and durations: at every rate between 1x and oversample the batch, the trees
+    generated and the questions consumed are the fixed rule's (rate = oversample), and the lower
+    rates start fewer questions in all."""
+    rng = np.random.default_rng(seed)
+    kept, sizes = [bool(k) for k in rng.integers(0, 2, 40)] + [True], [int(c) for c in rng.choice([4, 8, 12], 41)]
+    durations = [int(d) for d in rng.integers(1, 20, 41)]
+    planted = [int(rng.integers(1, d + 1)) for d in durations] if seed % 2 else None
+    capacity = int(rng.choice([16, 64, 256]))
+    runs, started = {}, {}
+    for rate in (None, 2.0, 1.4, 1.0):
+        search = StreamedFake(capacity=capacity, durations=durations, kept=kept, sizes=sizes, planted=planted)
+        filled = batching.fill_streamed(search, search.add, lambda t: t.keep, target=24, chains_per_question=4,
+                                        oversample=3.0, max_rounds=10, rate=rate)
+        runs[rate] = ([t.i for t in filled.generated], [t.i for t in batching.select(filled.kept, 24)])
+        started[rate] = len(search.trees)
+    assert runs[None][1] and all(run == runs[None] for run in runs.values())
+    assert started[1.0] <= started[1.4] <= started[2.0] <= started[None] and started[1.0] < started[None]
+
+
+def test_a_lockstep_step_trains_the_same_trees_where_both_rules_fill_in_their_first_round():
+    """Issue 47, lockstep with per-request seeds (vLLM's: a sample depends on its round and place in
+    it, `keys`): a first round that asks fewer questions builds the first trees of the fixed rule's
+    round, so wherever it fills the batch, the batch is the fixed rule's. Over random steps with the
+    keep rate the rule estimates, most fill in the first round; those that do not ask again."""
+    same = again = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        verdicts = [bool(v) for v in rng.random(64) < 0.5]
+
+        def generate(n, round_, verdicts=verdicts):  # the trees of round 0 are the data order's first ones
+            out = [type("T", (), {"i": (round_, i), "keep": verdicts[i] if round_ == 0 else True,
+                                  "leaves": lambda self: [0] * 8})() for i in range(n)]
+            return out
+        fixed = batching.fill(generate, lambda t: t.keep, target=64, chains_per_question=8, rate=3.0, max_rounds=10)
+        assert fixed.rounds == 1, "the fixed rule fills in its first round in this test"
+        rate = batching.ask_rate("keep_rate", batching.KeepRate(kept=1.0, asked=2.0), 3.0)
+        new = batching.fill(generate, lambda t: t.keep, target=64, chains_per_question=8, rate=rate, max_rounds=10)
+        assert len(new.generated) < len(fixed.generated) or new.rounds > 1
+        if new.rounds == 1:
+            same += 1
+            assert [t.i for t in batching.select(new.kept, 64)] == [t.i for t in batching.select(fixed.kept, 64)]
+        else:
+            again += 1
+    assert same and again

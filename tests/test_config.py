@@ -13,7 +13,7 @@ def test_paper_defaults():
     assert (cfg.k, cfg.group_size, cfg.lora_r, cfg.lora_alpha, cfg.lr, cfg.weight_decay) == (3, 8, 8, 16, 1e-6, 0.01)
     assert (cfg.eps_low, cfg.eps_high, cfg.train_batch, cfg.mini_batch) == (0.2, 0.28, 512, 32)
     assert (cfg.batch_unit, cfg.train_batch_chains, cfg.mini_batch_chains) == ("chains", 512, 32)
-    assert (cfg.oversample, cfg.max_gen_rounds, cfg.overlong_window) == (3.0, 10, "paper")
+    assert (cfg.oversample, cfg.sampling, cfg.max_gen_rounds, cfg.overlong_window) == (3.0, "keep_rate", 10, "paper")
     assert cfg.method == "bfspo"
 
 
@@ -99,6 +99,7 @@ def test_overrides_are_yaml_scalars(tmp_path):
     (["model=m", "train_data=d", "device=gpu"], "device must be one of ('auto', 'cuda', 'cpu')"),
     (["model=m", "train_data=d", "attention_bucket=0"], "attention_bucket must be a positive integer"),
     (["model=m", "train_data=d", "rollout=waves"], "rollout must be one of ('auto', 'lockstep', 'streamed')"),
+    (["model=m", "train_data=d", "sampling=verl"], "sampling must be one of ('fixed', 'keep_rate')"),
     (["model=m", "train_data=d", "rollout=streamed"], "rollout: streamed needs engine: vllm"),
 ])
 def test_bad_config_names_the_problem(overrides, message):

@@ -30,7 +30,7 @@ def test_a_full_rank_runs_the_rounds_the_others_need_without_generating():
         return [Tree(8) for _ in range(n)]
 
     others_short = iter([True, True, True, False])
-    filled = batching.fill(generate, lambda t: True, target=16, chains_per_question=8, oversample=1.0, max_rounds=10,
+    filled = batching.fill(generate, lambda t: True, target=16, chains_per_question=8, rate=1.0, max_rounds=10,
                            agree=lambda short: short or next(others_short))
     assert asked == [(2, 0)] and filled.rounds == 4 and len(filled.kept) == 2
     # no rank short: no round at all; out of rounds: the agreement is not asked again

@@ -30,7 +30,8 @@ ARMS = {"dapo": dict(k=0, group_size=8), "bfspo": dict(k=1, group_size=4, filter
 # differently with the requests that share a decode step (measured: a mean gap of 1.8167e-06 against
 # 1.7621e-06 in one of four replays; the trees, whose log-probs are the trainer's, were the same).
 NOT_REPLAYED = ("timing/", "rollout/occupancy", "rollout/engine_steps", "rollout/tokens_generated",
-                "rollout/tokens_aborted", "rollout/questions_aborted", "train/tokens_seen", "rollout/logprob_gap_")
+                "rollout/tokens_aborted", "rollout/questions_aborted", "rollout/questions_asked", "train/tokens_seen",
+                "rollout/logprob_gap_")
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +180,29 @@ def test_streamed_training_replays_at_one_seed(new_trainer):
     assert seen == list(itertools.accumulate(r["rollout/questions_generated"] for r in rows[0]))
     assert any(r["rollout/questions_aborted"] for line in (runs[0] / "metrics.jsonl").read_text().splitlines()
                if (r := json.loads(line))), "no step dropped a tree: the replay would not test the data order"
+
+
+def test_a_streamed_run_trains_the_same_trees_under_both_sampling_rules(new_trainer):
+    """Issue 47: three streamed steps at one seed under `sampling: fixed` (oversample 8 at every step) and
+    `sampling: keep_rate` (8 at step 1, then 1 / the keep rate seen): bit for bit the same trees at every
+    step, since the rule sets only how far past the batch's prefix the engine works; the keep-rate run
+    asks fewer questions from step 2 on."""
+    runs = {}
+    for rule in ("fixed", "keep_rate"):
+        trainer = new_trainer(f"rule-{rule}", rollout="streamed", steps=3, save_every=3, sampling=rule, oversample=8.0,
+                              **ARMS["bfspo"])
+        trainer.fit()
+        runs[rule] = trainer.run_dir
+    for step in (1, 2, 3):
+        trees = [(run / "trees" / f"step_{step:05d}.jsonl").read_text().splitlines() for run in runs.values()]
+        assert trees[0] == trees[1] and trees[0], f"step {step}: the trees differ"
+    rows = {rule: [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            for rule, run in runs.items()}
+    assert [r["rollout/ask_rate"] for r in rows["fixed"]] == [8.0] * 3
+    keep = [r["rollout/keep_rate"] for r in rows["keep_rate"]]
+    assert rows["keep_rate"][0]["rollout/ask_rate"] == 8.0 and 1 / 8 < keep[0]
+    assert rows["keep_rate"][1]["rollout/ask_rate"] == pytest.approx(max(1.0, 1 / keep[0]))
+    assert [r["rollout/questions_generated"] for r in rows["fixed"]] == \
+        [r["rollout/questions_generated"] for r in rows["keep_rate"]]
+    assert sum(r["rollout/questions_asked"] for r in rows["keep_rate"][1:]) < \
+        sum(r["rollout/questions_asked"] for r in rows["fixed"][1:])

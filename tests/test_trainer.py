@@ -627,3 +627,41 @@ def test_a_failed_checkpoint_write_reports_the_disk_space(tmp_path, monkeypatch)
         checkpoint.save(tmp_path, _FakeAdapterModel(), _FakeOptimizer(), {"step": 2})
     assert not (tmp_path / "checkpoint.tmp").exists()
     assert torch.load(checkpoint.latest(tmp_path) / "state.pt", weights_only=True)["step"] == 1
+
+
+def test_a_resumed_run_samples_at_the_keep_rate_an_uninterrupted_one_would(tiny_model_dir, train_data, tmp_path):
+    """Issue 47, `sampling: keep_rate`: the first step asks oversample times the need, the next at
+    1 / the keep rate seen, bounded by 1x and oversample; the estimate goes into the checkpoint, so a
+    resumed run asks as an uninterrupted one; `sampling: fixed` asks oversample at every step. The
+    tiny model keeps a few percent of its groups: an oversample of 60 leaves 1 / keep within bounds."""
+    import dataclasses
+    import math
+
+    from bfspo.training import batching
+    from bfspo.training.config import TrainConfig
+    from bfspo.training.trainer import Trainer
+
+    cfg = TrainConfig(model=str(tiny_model_dir), train_data=str(train_data), benchmark="gsm8k_train", k=0,
+                      group_size=4, budget=8, train_batch=16, mini_batch=8, oversample=60.0, threads=1, steps=2,
+                      max_empty_steps=50)
+    run = Trainer(cfg, tmp_path / "run")
+    rows = []
+    for _ in range(2):
+        run.step += 1
+        rows.append(run.rollout()[2])
+    assert rows[0]["ask_rate"] == 60.0 and math.isnan(rows[0]["keep_rate_est"])
+    assert rows[0]["questions_asked"] == rows[0]["questions_generated"] >= math.ceil(60.0 * 16 / 4)
+    assert rows[0]["keep_rate"] == rows[0]["chains_kept"] / (4 * rows[0]["questions_generated"])
+    assert rows[1]["keep_rate_est"] == rows[0]["keep_rate"]
+    keep = rows[0]["keep_rate"]
+    assert 1 / 60 < keep < 1 and rows[1]["ask_rate"] == pytest.approx(1 / keep) and rows[1]["ask_rate"] < 60
+    run.save_checkpoint()
+    resumed = Trainer(cfg, tmp_path / "run")
+    resumed.restore()
+    assert resumed.step == 2 and resumed.keep_rate == run.keep_rate and run.keep_rate.asked > 0
+    fixed = Trainer(dataclasses.replace(cfg, sampling="fixed"), tmp_path / "fixed")
+    fixed.keep_rate = run.keep_rate
+    fixed.step = 1
+    assert fixed.rollout()[2]["ask_rate"] == 60.0
+    assert (batching.ask_rate("keep_rate", resumed.keep_rate, 60.0)
+            == batching.ask_rate("keep_rate", run.keep_rate, 60.0) == pytest.approx(1 / run.keep_rate.value))

@@ -734,6 +734,13 @@ def test_the_schemas_rollouts_are_the_trainers():
     assert schema["$defs"]["train"]["properties"]["rollout"]["enum"] == list(ROLLOUTS)
 
 
+def test_the_schemas_samplings_are_the_trainers():
+    from bfspo.training.batching import SAMPLINGS
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    assert schema["$defs"]["train"]["properties"]["sampling"]["enum"] == list(SAMPLINGS)
+
+
 def breakdown_at_ci_size(cfg):
     """The breakdown study at CI size: the test-size toy model, 2 seeds, 2 steps, 16 evaluation
     questions, G = 4 and batches of 16 chains in mini-batches of 8; arm d G = 8 (one group per

@@ -55,7 +55,9 @@ def assumptions_text() -> str:
         f"{a.decode_mfu:.0%} MFU, concurrency min(max_num_seqs, what the KV cache holds)",
         f"  groups with signal 1 - p^n - (1 - p)^n (n = G, or G (K + 1) leaves under filter all_leaves), per-sample "
         f"accuracy p {', '.join(f'{k} {v:.3f}' for k, v in a.sample_accuracy)}; under first_samples only the trees "
-        f"that pass are expanded; an expansion regenerates {a.expansion_share:.0%} of a chain; "
+        f"that pass are expanded; dynamic sampling asks (sampling: keep_rate) 1 / the keep rate the run estimates, "
+        f"{a.keep_rate_estimate:g} x those groups' share, within 1x and oversample (sampling: fixed: oversample), "
+        f"and a round fills what its keep rate leaves; an expansion regenerates {a.expansion_share:.0%} of a chain; "
         f"answers {', '.join(f'{k} {v:.2f}' for k, v in a.answer_fraction)} x budget",
         f"  served LoRA adapters decode {a.lora_decode_overhead:.0%} slower; each engine call (K + 1 waves per "
         f"generation round, one per evaluation batch) ends with a tail of (budget - mean answer) decode steps at "

@@ -29,6 +29,7 @@ from bfspo.pipeline.matrix import Matrix
 from bfspo.pipeline.memory import GIB
 from bfspo.pipeline.shapes import Shape, load_shape
 from bfspo.rollout.streamed import PENDING_SHARE, resolve_rollout
+from bfspo.training.batching import KeepRate, ask_rate
 from bfspo.pipeline.throughput import (ASSUMPTIONS, Assumptions, buckets_met, chain_tokens_factor, compiled_graphs,
                                        decode_tokens_per_s, expanded_share, generated_chain_tokens, signal_rate,
                                        forward_s, generation_rounds, preempted_share, recompute_tokens,
@@ -217,7 +218,8 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
 
     # time, per rank
     keep = signal_rate(cfg.group_size, cfg.k, cfg.filter, a.accuracy(cfg.benchmark))
-    round_shares = generation_rounds(keep, cfg.oversample, cfg.max_gen_rounds)
+    rate = ask_rate(cfg.sampling, KeepRate(a.keep_rate_estimate * keep, 1.0), cfg.oversample)
+    round_shares = generation_rounds(keep, rate, cfg.max_gen_rounds)
     rounds = sum(round_shares)
     chains_per_tree = cfg.group_size * (cfg.k + 1)
     answer = a.answer_tokens(cfg.benchmark, cfg.budget)

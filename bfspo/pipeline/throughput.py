@@ -117,6 +117,9 @@ class Assumptions:
     # per-sample accuracy p of the policy on each train set (`signal_rate`; the module doc's source)
     sample_accuracy: tuple = (("gsm8k_train", 0.871), ("math_train", 0.607))
     default_sample_accuracy: float = 0.5
+    # `sampling: keep_rate`: the run's keep-rate estimate over the true keep rate (`signal_rate`); 1: the
+    # estimate is right, so a round asks 1 / keep times the need (within 1x and oversample) and fills the batch
+    keep_rate_estimate: float = 1.0
     expansion_share: float = 0.5  # tokens an expansion generates, as a share of a whole chain
     job_start_s: float = 180.0
     engine_start_s: float = 90.0  # vLLM: profiling, torch.compile, CUDA graph capture (every vLLM job)
@@ -273,11 +276,12 @@ def generation_rounds(keep: float, oversample: float, max_rounds: int) -> list[f
     """Questions generated in each round, per question needed (bfspo/training/batching.py `fill`):
     each round asks for `oversample` times the missing ones, of which a share `keep` carries signal:
     round i generates oversample x (1 - keep x oversample)^i, until full (at most max_rounds).
-    One round when keep x oversample >= 1."""
+    One round when keep x oversample >= 1. `oversample` is the rate a round asks at
+    (bfspo.training.batching.ask_rate: the config's oversample, or 1 / the keep rate)."""
     missing = 1.0
     rounds = []
     for _ in range(max_rounds):
-        if missing <= 0:
+        if missing <= 1e-9:  # full: keep x oversample = 1 leaves rounding, not a round's worth
             break
         rounds.append(oversample * missing)
         missing -= keep * oversample * missing

@@ -4,11 +4,15 @@ optimizer steps.
 A batch holds `target` complete chains, for DAPO (K = 0: a tree is a group of G) and BFS-PO alike
 (Sec. 4.2: "the same number of total sequences used in DAPO, obtained using multiple questions and
 trees"). Trees without signal are dropped (DAPO's constraint 0 < |{o_i correct}| < G, Eq. 2;
-`keep_tree`). As in verl's DAPO recipe, each generation round asks for more questions than the
-missing chains need (`oversample`), and rounds repeat until the batch is full or `max_rounds` are
-spent. Kept trees beyond the batch are discarded, as verl discards its surplus prompts. On one
-streamed engine loop (`fill_streamed`) there are no rounds, and the batch is taken in the order the
-questions were drawn, whatever order their trees finish in.
+`keep_tree`). Each generation round asks for more questions than the missing chains need, and rounds
+repeat until the batch is full or `max_rounds` are spent. How many more is the sampling rule
+(`SAMPLINGS`, `ask_rate`): "fixed" asks `oversample` times the need, as verl's DAPO recipe does;
+"keep_rate" asks for the questions the batch will keep, at the keep rate seen so far in the run
+(`KeepRate`), between 1x the need and `oversample`. Which questions are drawn, in which order, is
+the data order under either rule: the rule sets only how many. Kept trees beyond the batch are
+discarded, as verl discards its surplus prompts. On one streamed engine loop (`fill_streamed`) there
+are no rounds, and the batch is taken in the order the questions were drawn, whatever order their
+trees finish in.
 """
 
 from __future__ import annotations
@@ -23,30 +27,70 @@ def tree_chains(tree) -> int:
     return len(tree.leaves())
 
 
-def questions_to_ask(missing: int, chains_per_question: int, oversample: float) -> int:
-    """Questions one generation round asks for: ceil(oversample * missing / chains_per_question).
+def questions_to_ask(missing: int, chains_per_question: int, rate: float) -> int:
+    """Questions one generation round asks for: ceil(rate * missing / chains_per_question).
 
     `chains_per_question` is G (K + 1), the chains of a fully expanded tree; a tree that stopped
-    early, or is filtered out, brings fewer, which `oversample` and the further rounds make up for.
+    early, or is filtered out, brings fewer, which `rate` (`ask_rate`: `oversample`, or 1 / the keep
+    rate seen so far) and the further rounds make up for.
     """
     if missing <= 0:
         return 0
-    return math.ceil(oversample * missing / chains_per_question - 1e-9)
+    return math.ceil(rate * missing / chains_per_question - 1e-9)
 
 
-def questions_to_add(missing: int, sure: int, pending: int, chains_per_question: int, oversample: float) -> int:
+SAMPLINGS = ("fixed", "keep_rate")  # TrainConfig `sampling`
+KEEP_RATE_DECAY = 0.5  # weight of the counts of the steps before, at each step (`KeepRate.update`)
+
+
+@dataclass(frozen=True)
+class KeepRate:
+    """The keep rate observed so far in a run: chains that the filter kept over the chains the questions
+    generated would hold fully expanded (G (K + 1) each), both summed over the steps with each earlier
+    step's counts weighted down by KEEP_RATE_DECAY per step (an exponential moving average weighted by
+    each step's volume, so a step that generated little moves it little). `asked` 0: no step yet."""
+
+    kept: float = 0.0
+    asked: float = 0.0
+
+    def update(self, kept_chains: int, questions: int, chains_per_question: int) -> "KeepRate":
+        """The estimate after a step whose `questions` generated trees kept `kept_chains` chains."""
+        return KeepRate(KEEP_RATE_DECAY * self.kept + kept_chains,
+                        KEEP_RATE_DECAY * self.asked + questions * chains_per_question)
+
+    @property
+    def value(self) -> float:
+        """The estimated keep rate; NaN before the first step."""
+        return self.kept / self.asked if self.asked else float("nan")
+
+
+def ask_rate(sampling: str, estimate: KeepRate, oversample: float, floor: float = 1.0) -> float:
+    """Questions asked per question the missing chains need (`questions_to_ask`'s factor): `oversample`
+    under "fixed", and also under "keep_rate" before any step has been seen or when nothing was kept;
+    otherwise 1 / the estimated keep rate, bounded by `floor` below (a keep rate overestimated by
+    chance must not starve the batch: 1x asks at least what a batch kept whole would need) and by
+    `oversample` above."""
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"unknown sampling {sampling!r}; expected one of {SAMPLINGS}")
+    rate = estimate.value
+    if sampling == "fixed" or not rate > 0:
+        return oversample
+    return min(oversample, max(floor, 1.0 / rate))
+
+
+def questions_to_add(missing: int, sure: int, pending: int, chains_per_question: int, rate: float) -> int:
     """Questions a streamed rollout adds now (`fill_streamed`): those a lockstep round would ask for
     the chains that neither the finished kept trees (`missing` is what they leave of the batch) nor
     the growing trees already known to be kept (`sure`, each counted at its full G (K + 1) chains)
     will bring, less the growing trees whose verdict is still open (`pending`).
 
-    A pending tree is expected to bring G (K + 1) / oversample chains, the keep rate `oversample`
-    assumes in a lockstep round (`questions_to_ask`): with nothing sure, the pending trees are the
+    A pending tree is expected to bring G (K + 1) / rate chains, the keep rate `rate` assumes in a
+    lockstep round (`questions_to_ask`, `ask_rate`): with nothing sure, the pending trees are the
     questions in flight that a round would ask. Under `filter: first_samples` a tree is sure once its
     G first answers pass the filter, so the K expansions it still has to grow are not taken for a
     question in flight that the batch still needs.
     """
-    return max(0, questions_to_ask(missing - sure * chains_per_question, chains_per_question, oversample) - pending)
+    return max(0, questions_to_ask(missing - sure * chains_per_question, chains_per_question, rate) - pending)
 
 
 @dataclass
@@ -61,14 +105,15 @@ class Filled:
 
 
 def fill(generate: Callable[[int, int], list], keep: Callable[[object], bool], target: int,
-         chains_per_question: int, oversample: float, max_rounds: int,
+         chains_per_question: int, rate: float, max_rounds: int,
          agree: Callable[[bool], bool] = bool) -> Filled:
     """Generation rounds until `select` can fill `target` chains from the kept trees, or
     `max_rounds` rounds are spent.
 
     `generate(n_questions, round)` builds (and scores) the trees of the next n questions; `keep`
     is the dynamic-sampling filter. Each round asks for the chains that `select` still lacks (trees
-    come in sizes that need not add up to the target, so kept chains alone are not the measure).
+    come in sizes that need not add up to the target, so kept chains alone are not the measure),
+    `rate` times the questions they need (`ask_rate`: the first round and every later one alike).
 
     `agree(short)` turns this rank's "my batch is short" into the decision of all ranks
     (bfspo.training.dist.any_rank: another round while any rank is short and rounds remain), so that
@@ -78,7 +123,7 @@ def fill(generate: Callable[[int, int], list], keep: Callable[[object], bool], t
     out = Filled()
     have = 0
     while out.rounds < max_rounds and agree(have < target):
-        n = questions_to_ask(target - have, chains_per_question, oversample)
+        n = questions_to_ask(target - have, chains_per_question, rate)
         trees = generate(n, out.rounds) if n else []
         out.generated.extend(trees)
         out.kept.extend(t for t in trees if keep(t))
@@ -88,7 +133,7 @@ def fill(generate: Callable[[int, int], list], keep: Callable[[object], bool], t
 
 
 def fill_streamed(search, add: Callable[[], None], keep: Callable[[object], bool], target: int,
-                  chains_per_question: int, oversample: float, max_rounds: int) -> Filled:
+                  chains_per_question: int, oversample: float, max_rounds: int, rate: float | None = None) -> Filled:
     """Dynamic sampling on one engine loop (bfspo.rollout.streamed.StreamedSearch), the batch taken
     in draw order.
 
@@ -104,10 +149,12 @@ def fill_streamed(search, add: Callable[[], None], keep: Callable[[object], bool
     (`questions_to_add`): the finished kept trees count as present (`select` over the prefix's batch
     and the later finished kept trees), a growing tree that `keep` already keeps (past line 2:
     `search.expanding()`) as its full G (K + 1) chains, and any other growing tree at the keep rate
-    `oversample` assumes. `keep` must be settled once true: a tree it keeps while growing it keeps
-    finished (keep_tree's filters are: the first answers do not change, and a mix of right and wrong
-    leaves stays mixed). At most `max_rounds` times the questions of a lockstep round that misses the
-    whole batch are asked. Which questions are added, in which order, is the data order whatever
+    1 / `rate` (`ask_rate`; `oversample` when None), so that the questions in flight are those a
+    lockstep round would ask at that rate. `keep` must be settled once true: a tree it keeps while
+    growing it keeps finished (keep_tree's filters are: the first answers do not change, and a mix of
+    right and wrong leaves stays mixed). At most `max_rounds` times the questions of a lockstep round
+    that misses the whole batch at `oversample` are asked, whatever `rate`: the bound on the work,
+    not its pace. Which questions are added, in which order, is the data order whatever
     this rule decides; the rule sets only how far past the batch's prefix the engine works.
 
     When the batch is full, the trees after its prefix are dropped: those still growing are aborted,
@@ -131,7 +178,8 @@ def fill_streamed(search, add: Callable[[], None], keep: Callable[[object], bool
         later = [done[i] for i in sorted(done) if i >= prefix and kept[i]]
         have = sum(tree_chains(t) for t in select(batch + later, target))
         sure = sum(1 for t in search.expanding() if keep(t))
-        wanted = questions_to_add(target - have, sure, search.growing - sure, chains_per_question, oversample)
+        wanted = questions_to_add(target - have, sure, search.growing - sure, chains_per_question,
+                                  oversample if rate is None else rate)
         while asked < most and wanted > 0 and (search.growing == 0 or search.room() >= search.group_size):
             add()
             asked += 1
@@ -163,18 +211,21 @@ def select(kept: Sequence, target: int) -> list:
 
 
 def batch_stats(filled: Filled, batch: Sequence, target: int) -> dict:
-    """One rank's batch statistics: questions generated and kept, trees and chains trained on, the
-    chains asked for, generation rounds, and whether the batch reached its `target` chains."""
+    """One rank's batch statistics: questions asked (streamed: those dropped after the batch's prefix
+    too), generated and kept, the chains of the kept trees, trees and chains trained on, the chains
+    asked for, generation rounds, and whether the batch reached its `target` chains."""
     chains = sum(tree_chains(t) for t in batch)
-    return {"questions_generated": len(filled.generated), "questions_kept": len(filled.kept), "trees": len(batch),
-            "chains": chains, "chains_target": target, "gen_rounds": filled.rounds, "batch_full": chains >= target}
+    return {"questions_asked": len(filled.generated) + filled.aborted, "questions_generated": len(filled.generated),
+            "questions_kept": len(filled.kept), "chains_kept": sum(tree_chains(t) for t in filled.kept),
+            "trees": len(batch), "chains": chains, "chains_target": target, "gen_rounds": filled.rounds,
+            "batch_full": chains >= target}
 
 
 def merge_ranks(ranks: Sequence[dict]) -> dict:
     """The global batch statistics from every rank's `batch_stats`: counts summed, the most rounds
     any rank spent, and full only when every rank's share is full."""
-    total = {k: sum(r[k] for r in ranks) for k in ("questions_generated", "questions_kept", "trees", "chains",
-                                                    "chains_target")}
+    total = {k: sum(r[k] for r in ranks) for k in ("questions_asked", "questions_generated", "questions_kept",
+                                                    "chains_kept", "trees", "chains", "chains_target")}
     return total | {"gen_rounds": max(r["gen_rounds"] for r in ranks), "batch_full": all(r["batch_full"] for r in ranks)}
 
 

@@ -1,8 +1,8 @@
 """Checkpoints that are never half-written, and resuming from the last one.
 
 A checkpoint is a folder `checkpoint/` in the run directory holding the LoRA adapter (peft's
-format) and `state.pt` (optimizer state, step, data cursor, RNG states). It is written as
-`checkpoint.tmp/`, then swapped in by renames; a crash at any point leaves either the previous
+format) and `state.pt` (optimizer state, step, data cursor, dynamic sampling's keep rate, RNG
+states). It is written as `checkpoint.tmp/`, then swapped in by renames; a crash at any point leaves either the previous
 checkpoint or the new one in place, never a partial one that looks complete. Its marker file
 `COMPLETE` is a manifest of the SHA-256 of every other file, checked before resuming: a damaged or
 hand-edited checkpoint is named, never loaded silently; so is a marker that is not a manifest (torn,

@@ -25,6 +25,7 @@ from bfspo.algorithm.rewards import WINDOWS
 from bfspo.algorithm.search import SELECTIONS
 from bfspo.device import DEVICES
 from bfspo.rollout.streamed import ROLLOUTS, resolve_rollout
+from bfspo.training.batching import SAMPLINGS
 from bfspo.errors import BfspoError
 from bfspo.io import parse_yaml, read_yaml
 
@@ -100,7 +101,7 @@ def choices() -> dict[str, tuple]:
     return {"selection": SELECTIONS, "advantage": tuple(ADVANTAGES), "overlong_window": WINDOWS,
             "engine": ("transformers", "vllm"), "wandb_mode": ("offline", "online", "disabled"),
             "batch_unit": ("chains", "prompts"), "filter": FILTERS, "tree_attention": ATTENTIONS,
-            "device": DEVICES, "rollout": ROLLOUTS}
+            "device": DEVICES, "rollout": ROLLOUTS, "sampling": SAMPLINGS}
 
 
 def number_problem(name: str, value) -> str | None:
@@ -162,9 +163,16 @@ class TrainConfig:
         "help": "Training batch size in batch_unit; train_batch / mini_batch optimizer steps per batch."})
     mini_batch: int = field(default=32, metadata={"help": "Mini-batch size (one optimizer step) in batch_unit."})
     oversample: float = field(default=3.0, metadata={
-        "help": "Dynamic sampling: each generation round asks for this many times the questions the missing "
-                "chains need (verl's DAPO recipe generates for 3x its training prompts); at most "
-                f"{MAX_OVERSAMPLE:g}, where one round already generates for a hundred batches."})
+        "help": "Dynamic sampling: each generation round asks for at most this many times the questions the "
+                "missing chains need (sampling: keep_rate), or exactly this many (sampling: fixed; verl's DAPO recipe "
+                f"generates for 3x its training prompts); at most {MAX_OVERSAMPLE:g}, where one round already "
+                "generates for a hundred batches."})
+    sampling: str = field(default="keep_rate", metadata={
+        "help": "Dynamic sampling's rule for how many questions a round asks (a streamed rollout: keeps in flight): "
+                "'keep_rate' asks for the questions the batch will keep, at the keep rate observed so far in the run "
+                "(carried across steps and in the checkpoint), at least 1x and at most oversample times the need; "
+                "'fixed' asks oversample times the need at every step, verl's DAPO recipe exactly "
+                "(docs/algorithm.md, 'Filling the batch')."})
     max_gen_rounds: int = field(default=10, metadata={
         "help": "Dynamic sampling: most generation rounds spent filling one batch (verl's DAPO recipe: 10); a batch "
                 "still short after them is trained as it is and logged with batch_full 0."})

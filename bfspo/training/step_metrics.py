@@ -7,7 +7,10 @@ One row goes both to metrics.jsonl and to W&B, with the same keys:
   would also sample), with their spread, the shortest, the mean length of the finished ones (ended
   with EOS), the fraction cut off at the budget, the length reward R_l (Eq. 3) as its own term,
   entropy, dynamic-sampling counts (the fraction of groups filtered out, the chains generated against
-  `chains` trained on) and token counts (`tokens_generated`, every token the engine generated,
+  `chains` trained on; the questions asked, `keep_rate`, the chains kept over the chains the generated
+  questions would hold fully expanded, `keep_rate_est`, the run's estimate of it before the step, and
+  `ask_rate`, the questions asked per question needed that the step used: bfspo.training.batching
+  `ask_rate`) and token counts (`tokens_generated`, every token the engine generated,
   `tokens_aborted` of them on trees a streamed step dropped: bfspo.training.batching.fill_streamed,
   with `questions_aborted`); the engine's occupancy (the mean sequences it decoded per
   engine step over the most it can, vLLM's max_num_seqs or the transformers engine's
@@ -46,7 +49,9 @@ SECTIONS = {
     "entropy_max": "rollout/entropy_max", "groups_kept": "rollout/groups_kept",
     "groups_filtered": "rollout/groups_filtered", "filtered_frac": "rollout/filtered_frac", "gen_rounds": "rollout/gen_rounds", "chains": "rollout/chains",
     "chains_generated": "rollout/chains_generated",
-    "questions_generated": "rollout/questions_generated", "questions_kept": "rollout/questions_kept",
+    "questions_asked": "rollout/questions_asked", "questions_generated": "rollout/questions_generated",
+    "questions_kept": "rollout/questions_kept", "chains_kept": "rollout/chains_kept",
+    "keep_rate": "rollout/keep_rate", "keep_rate_est": "rollout/keep_rate_est", "ask_rate": "rollout/ask_rate",
     "trees": "rollout/trees", "chains_target": "rollout/chains_target", "batch_full": "rollout/batch_full",
     "tokens_unique": "rollout/tokens_unique", "tokens_total": "rollout/tokens_total",
     "rollout_tokens": "rollout/tokens_generated", "tokens_aborted": "rollout/tokens_aborted",
@@ -138,10 +143,13 @@ def rollout_stats(generated: list, batch: list) -> dict:
     }
 
 
-def rollout_row(filled, batch: list, mine: dict, merged: dict, verify_timeouts: int, occupancy: dict) -> dict:
+def rollout_row(filled, batch: list, mine: dict, merged: dict, verify_timeouts: int, occupancy: dict,
+                sampling: dict) -> dict:
     """One rank's statistics of a step's rollout: `rollout_stats` of its trees, the batch statistics
-    of all ranks (`merged`: bfspo.training.batching.merge_ranks of each rank's `mine`), and this
-    rank's counts of chains, groups and tokens, verifier timeouts and the engine's `occupancy`.
+    of all ranks (`merged`: bfspo.training.batching.merge_ranks of each rank's `mine`) and the
+    dynamic-sampling rule's `sampling` (`keep_rate`, `keep_rate_est`, `ask_rate`: the trainer's,
+    the same on every rank), and this rank's counts of chains, groups and tokens, verifier timeouts
+    and the engine's `occupancy`.
     `reduce_ranks` sums the counts (SUMMED) and averages the rest: the merged batch statistics are
     the same on every rank."""
     return rollout_stats(filled.generated, batch) | merged | {
@@ -151,7 +159,7 @@ def rollout_row(filled, batch: list, mine: dict, merged: dict, verify_timeouts: 
         "tokens_unique": sum(t.n_tokens for t in batch), "tokens_total": sum(t.n_chain_tokens for t in batch),
         "rollout_tokens": sum(t.n_tokens for t in filled.generated) + filled.aborted_tokens,
         "tokens_aborted": filled.aborted_tokens, "questions_aborted": filled.aborted,
-        "verify_timeouts": verify_timeouts} | occupancy
+        "verify_timeouts": verify_timeouts} | occupancy | sampling
 
 
 def update_stats(losses: list[float], norms: list[float], stats: list[dict], skipped: int, nonfinite: int,

@@ -4,7 +4,8 @@ Each step (one training batch):
 1. rollout: build one search tree per question (Algorithm 1; K = 0 is DAPO's group of G), score
    the leaves with the verifier, drop trees without signal (dynamic sampling, Eq. 2's constraint,
    on all leaves or on the first answers before the search: `filter`, docs/algorithm.md),
-   oversampling questions and repeating for at most `max_gen_rounds` rounds until the batch holds
+   asking for the questions the batch needs at the keep rate seen so far (`sampling`), or oversampling
+   them `oversample` times, and repeating for at most `max_gen_rounds` rounds until the batch holds
    `train_batch_chains` complete chains (Sec. 4.2: BFS-PO uses as many chains as DAPO uses
    sequences; bfspo/training/batching.py);
 2. rewards (Eq. 3-4, 8) and advantages (Eq. 9, or Eq. 1 for DAPO and the global variant);
@@ -145,6 +146,7 @@ class Trainer:
         self.rollout_kind = resolve_rollout(cfg.rollout, cfg.engine)
         self.step, self.nonfinite, self.empty_steps, self.tokens_seen = 0, 0, 0, 0
         self.cursors = [0] * self.world  # position of each rank in its share of the data order
+        self.keep_rate = batching.KeepRate()  # dynamic sampling's keep rate so far (`sampling: keep_rate`)
         self.wandb_logged = 0  # the last step an earlier attempt sent to the W&B run (tracking.last_logged_step)
 
     # --- data -----------------------------------------------------------------------------------
@@ -204,26 +206,32 @@ class Trainer:
         missed = timeouts()
         self.engine.pop_occupancy()  # drop what validation's calls counted
         keep = functools.partial(keep_tree, filter=cfg.filter)
+        rate = batching.ask_rate(cfg.sampling, self.keep_rate, cfg.oversample)
         if self.rollout_kind == "streamed":
             search = StreamedSearch(self.engine, group_size=cfg.group_size, k=cfg.k, budget=cfg.budget,
                                     selection=cfg.selection, temperature=cfg.temperature, top_p=cfg.top_p,
                                     seed=self.round_seed(0), filter=cfg.filter)
             start = self.cursors[self.rank]
             filled = batching.fill_streamed(search, functools.partial(self.add_question, search), keep, target,
-                                            cfg.chains_per_question, cfg.oversample, cfg.max_gen_rounds)
+                                            cfg.chains_per_question, cfg.oversample, cfg.max_gen_rounds, rate)
             # The step consumes the questions of its prefix only: those of the trees it dropped go back to
             # the data order, so that the next step's questions do not depend on the engine's timing either.
             self.cursors[self.rank] = start + len(filled.generated)
         else:
-            filled = batching.fill(self.generate, keep, target, cfg.chains_per_question, cfg.oversample,
-                                   cfg.max_gen_rounds, agree=dist.any_rank)
+            filled = batching.fill(self.generate, keep, target, cfg.chains_per_question, rate, cfg.max_gen_rounds,
+                                   agree=dist.any_rank)
         for tree in filled.generated:
             assign_rewards(tree, overlong=cfg.overlong, window=cfg.overlong_window)
             assign_advantages(tree, cfg.advantage)
         batch = batching.select(filled.kept, target)
         mine = batching.batch_stats(filled, batch, target)
-        stats = step_metrics.rollout_row(filled, batch, mine, batching.merge_ranks(dist.gather(mine)),
-                                         timeouts() - missed, self.engine.pop_occupancy())
+        merged = batching.merge_ranks(dist.gather(mine))
+        observed = (merged["chains_kept"], merged["questions_generated"], cfg.chains_per_question)
+        sampling = {"keep_rate": batching.KeepRate().update(*observed).value, "keep_rate_est": self.keep_rate.value,
+                    "ask_rate": rate}
+        self.keep_rate = self.keep_rate.update(*observed)  # every rank: the same estimate, from all ranks' counts
+        stats = step_metrics.rollout_row(filled, batch, mine, merged, timeouts() - missed, self.engine.pop_occupancy(),
+                                         sampling)
         return batch, filled.generated, stats
 
     def update(self, trees: list) -> dict:
@@ -277,7 +285,8 @@ class Trainer:
 
     def state(self) -> dict:
         return {"step": self.step, "nonfinite": self.nonfinite, "empty_steps": self.empty_steps,
-                "tokens_seen": self.tokens_seen, "cursors": dist.gather(self.cursors[self.rank])}
+                "tokens_seen": self.tokens_seen, "cursors": dist.gather(self.cursors[self.rank]),
+                "keep_rate": [self.keep_rate.kept, self.keep_rate.asked]}
 
     def restore(self) -> None:
         """Load the last checkpoint, if any, and trim metrics.jsonl to the steps it covers (saying
@@ -290,6 +299,7 @@ class Trainer:
             self.step, self.nonfinite, self.empty_steps = state["step"], state["nonfinite"], state["empty_steps"]
             self.tokens_seen = state.get("tokens_seen", 0)  # absent from checkpoints written before it was counted
             self.cursors = list(state["cursors"])
+            self.keep_rate = batching.KeepRate(*state.get("keep_rate", (0.0, 0.0)))  # absent before it was kept
             self.engine.sync_weights(self.model)  # an engine holding its own weights (vLLM) samples the restored policy
             console.line(f"resuming {self.run_dir} from step {self.step}")
         if self.rank == 0:
