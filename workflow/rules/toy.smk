@@ -38,7 +38,7 @@ if "toy" in config:
                 "logs/toy/model.log",
             params:
                 numerics=cpu_numerics,
-                shipped=TOY["shipped"],
+                shipped=lambda wc, input: os.path.dirname(input[0]),
                 size=TOY["size"],
             resources:
                 **slurm_resources(),
