@@ -42,6 +42,7 @@ def test_install_copies_the_same_bytes_and_the_check_says_the_start_was_shipped(
     out = tmp_path / "results/model"
     assert "no SFT ran" in install(folder, out, "default")
     assert sorted(file_hashes(out, data).values()) == sorted(file_hashes(model, data).values())
+    assert out.stat().st_mode & 0o777 == 0o755
     rebuilt = write_and_check(model, data, tmp_path / "again.sha256", record)
     assert "toy check: MATCH" in rebuilt and "Start model: rebuilt by this run's SFT" in rebuilt
     # the record's paths name the DAG's model directory: the copy takes its place

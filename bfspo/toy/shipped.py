@@ -94,6 +94,7 @@ def install(shipped_dir: str | Path, out_dir: str | Path, size: str) -> str:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
+        tmp.chmod(0o755)  # mkdtemp's 0700 would keep other users from the model
         for p in _model_files(shipped_dir) + [shipped_dir / PROVENANCE]:
             shutil.copyfile(p, tmp / p.name)
         tmp.rename(out_dir)
