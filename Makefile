@@ -49,6 +49,7 @@ record-toy: toy
 	bfspo tables chains --runs-dir results/runs --share 0.95
 	cp results/toy/model.sha256 results/recorded/toy-model.sha256
 	cp results/tables/toy-ablation.md results/tables/toy-ablation.csv results/recorded/
+	cp results/tables/toy-verdict.md results/tables/toy-verdict.csv results/tables/toy-verdict_seeds.csv results/recorded/
 	cp results/figures/toy-ablation/pareto_toy_toy.png results/recorded/figures/toy-ablation_pareto.png
 	cp results/figures/toy-ablation/backtracking_toy_toy.png results/recorded/figures/toy-ablation_backtracking.png
 

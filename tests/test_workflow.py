@@ -261,14 +261,44 @@ def test_aime_is_evaluated_with_32_samples_at_temperature_1():
 
 TOY_DAG = Counter(toy_data=1, toy_model=1, toy_check=1, train=7, evaluate=2 + 14, table=1, aes_consistency=1,
                   figures=1, report=1, all=1)
+# config/config.yaml (issue 44): the ablation at seed 0, and the verdict table's seeds 1 and 2 of DAPO and
+# BFS-PO (K = 3) besides; two tables
+DEFAULT_DAG = TOY_DAG + Counter(train=4, evaluate=8, table=1, figures=1, report=1)
 
 
-@pytest.mark.parametrize("configfile", [None, "config/test.yaml"])
-def test_toy_dag(configfile):
-    """Zero-shot, DAPO, K=1..3 and the three ablations, each evaluated in- and out-of-domain, on CPU."""
+@pytest.mark.parametrize("configfile, dag", [(None, DEFAULT_DAG), ("config/test.yaml", TOY_DAG)])
+def test_toy_dag(configfile, dag):
+    """Zero-shot, DAPO, K=1..3 and the three ablations, each evaluated in- and out-of-domain, on CPU;
+    the default adds seeds 1 and 2 of DAPO and BFS-PO (K = 3) for its paired table."""
     out = dry_run(*(["--configfile", configfile] if configfile else []))
-    assert job_counts(out) == TOY_DAG
+    assert job_counts(out) == dag
     assert "gpu=1" not in out and "gpu=2" not in out
+
+
+def test_the_default_starts_from_the_shipped_model_and_reads_the_paper_config():
+    """Issue 44: `make toy` copies data/toy-model and runs no SFT (toy.build: true builds it); DAPO
+    (G = 16) and BFS-PO K = 3 (trees of G = 4) train 48 chains per optimizer step, 3 questions each,
+    with the first-samples filter; the ablation arms run seed 0, the verdict table seeds 0-2."""
+    out = dry_run("-p")
+    (model,) = [t for r, t in jobs(out) if r == "toy_model"]
+    assert "bfspo toy install --shipped data/toy-model --out-dir results/toy/model --size default" in model
+    assert "toy build" not in out
+    trained = {re.search(r"wildcards: run=(\S+)", t).group(1): t for r, t in jobs(out) if r == "train"}
+    assert sorted(trained) == sorted([f"toy_toy_{m}_s0" for m in ("bfspo-k1", "bfspo-k2", "no-bfs", "global-adv",
+                                                                  "no-overlong")]
+                                     + [f"toy_toy_{m}_s{s}" for m in ("dapo", "bfspo") for s in (0, 1, 2)])
+    for run, g in (("toy_toy_dapo_s1", 16), ("toy_toy_bfspo_s1", 4), ("toy_toy_bfspo-k1_s0", 4)):
+        for setting in (f"group_size={g}", "train_batch=48", "mini_batch=48", "filter=first_samples"):
+            assert f"--set {setting}" in trained[run], (run, setting)
+    assert "whole trees" not in out  # every arm's trees divide its 48 chains
+
+
+def test_toy_build_true_rebuilds_the_start_model(tmp_path):
+    out = dry_run("-p", "--configfile", str(write_config(tmp_path, "config/config.yaml",
+                                                         lambda c: c["toy"].update(build=True), own_results=True)))
+    (model,) = [t for r, t in jobs(out) if r == "toy_model"]
+    assert "bfspo toy build --train results/toy/data/train.jsonl --out-dir results/toy/model" in model
+    assert "toy install" not in out
 
 
 def test_the_toy_rules_pin_the_cpu_numerics_of_every_toy_job_and_no_other():
@@ -287,7 +317,7 @@ def test_the_toy_rules_pin_the_cpu_numerics_of_every_toy_job_and_no_other():
             pinned[rule] += 1
         else:
             assert "ATEN_CPU_CAPABILITY" not in text, (rule, text)
-    assert pinned == Counter(toy_data=1, toy_model=1, toy_check=1, train=7, evaluate=16)
+    assert pinned == Counter(toy_data=1, toy_model=1, toy_check=1, train=11, evaluate=24)
     assert "ATEN_CPU_CAPABILITY" not in dry_run("-p", "--configfile", "config/paper.yaml")
 
 
@@ -296,6 +326,7 @@ def test_a_dry_run_warns_of_an_arm_whose_trees_miss_its_chains_per_step(tmp_path
     chains, 48 per batch; `snakemake -n` names the arm, its tree size and the chains it reaches."""
     def before(cfg):
         cfg["train"].update(group_size=8, train_batch=64, mini_batch=32)
+        cfg["methods"]["bfspo-k2"]["train"] = {"group_size": 8}
 
     out = dry_run("--configfile", str(write_config(tmp_path, "config/config.yaml", before, own_results=True)))
     assert "toy-ablation: arm toy_toy_bfspo-k2 (K = 2, G = 8): whole trees of 24 chains give 48 chains per batch, " \
@@ -321,12 +352,13 @@ def test_an_ablation_is_a_few_config_lines(tmp_path):
     """docs/workflow.md's worked example: a new K value and a new method row of the toy table."""
 
     def add_k5(cfg):
-        cfg["methods"]["bfspo-k5"] = {"label": "BFS-PO", "paper": "bfspo", "k": 5}
+        cfg["methods"]["bfspo-k5"] = {"label": "BFS-PO", "paper": "bfspo", "k": 5, "train": {"group_size": 4}}
         cfg["tables"]["toy-ablation"]["methods"].append("bfspo-k5")
 
     out = dry_run("-p", "--configfile", str(write_config(tmp_path, "config/config.yaml", add_k5, own_results=True)))
-    assert job_counts(out) == TOY_DAG + Counter(train=1, evaluate=2)
+    assert job_counts(out) == DEFAULT_DAG + Counter(train=1, evaluate=2)
     assert "--set k=5" in out and f"--output-dir {tmp_path}/results/runs/toy_toy_bfspo-k5_s0" in out
+    assert "whole trees" not in out  # trees of G (K + 1) = 24 chains fill the 48 of a batch
 
 
 # Step 1 of docs/workflow.md's advantage recipe, as a user writes it: one function, one table entry.
@@ -491,9 +523,10 @@ def test_settings_that_cannot_work_are_refused_at_plan_time(tmp_path, edit, name
 
 
 def test_seeds_multiply_the_runs_not_the_zero_shot(tmp_path):
+    """Seeds 0-2 for the ablation too: its 7 arms x 3 seeds, the verdict table's 6 runs among them."""
     out = dry_run("--configfile", str(write_config(tmp_path, "config/config.yaml", lambda c: c.update(seeds=[0, 1, 2]),
                                                    own_results=True)))
-    assert job_counts(out) == TOY_DAG + Counter(train=14, evaluate=28)
+    assert job_counts(out) == DEFAULT_DAG + Counter(train=10, evaluate=20)
 
 
 # ---- the test config, for real -----------------------------------------------------------------

@@ -178,7 +178,7 @@ class Matrix:
             for model in spec["models"]:
                 for train_set in train_sets:
                     for method in spec["methods"]:
-                        for seed in self.config["seeds"]:
+                        for seed in self.table_seeds(table):
                             runs.setdefault(
                                 run_id(model, train_set, method, seed),
                                 dict(model=model, train_set=train_set, method=method, seed=seed, table=table),
@@ -203,6 +203,10 @@ class Matrix:
     def summary(self, run: str, benchmark: str) -> str:
         return f"{self.results}/eval/{run}/{benchmark}/summary.json"
 
+    def table_seeds(self, table: str) -> list[int]:
+        """The training seeds of a table's runs: its own `seeds`, or the config's."""
+        return self.config["tables"][table].get("seeds", self.config["seeds"])
+
     def table_evaluations(self, table: str) -> list[tuple[str, str]]:
         """Every (run, benchmark) a table reads: zero-shot, then each method and seed, per column."""
         spec = self.config["tables"][table]
@@ -211,7 +215,7 @@ class Matrix:
             for col in spec["columns"]:
                 pairs.append((zero_shot_id(model), col["benchmark"]))
                 for method in spec["methods"]:
-                    for seed in self.config["seeds"]:
+                    for seed in self.table_seeds(table):
                         pairs.append((run_id(model, col["train_set"], method, seed), col["benchmark"]))
         return list(dict.fromkeys(pairs))
 

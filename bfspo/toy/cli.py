@@ -9,6 +9,13 @@
         trains the tokenizer, builds the Qwen2 model and fine-tunes it under the pinned CPU numerics
         (bfspo/toy/numerics.py); MODEL_DIR is a Hugging Face model directory with sft.json (config,
         losses, wall time, CPU numerics), renamed into place last.
+    bfspo toy export --model-dir MODEL_DIR --out-dir SHIPPED_DIR --size SIZE --command CMD
+        makes a shipped start model folder (bfspo/toy/shipped.py) from a built MODEL_DIR: its files
+        and PROVENANCE.sha256 (the command that built it, its CPU, date, commit and hashes).
+    bfspo toy install --shipped SHIPPED_DIR --out-dir MODEL_DIR --size SIZE
+        checks a shipped folder (safetensors, JSON and Jinja files only, each with PROVENANCE's
+        SHA-256; a model of SIZE) and copies it to MODEL_DIR, renamed into place last: the toy's
+        start model without an SFT.
     bfspo toy forms EVAL_DIR [EVAL_DIR ...]
         how verbose the answers of a `bfspo evaluate` output directory are (bfspo/toy/report.py).
     bfspo toy hash --model-dir MODEL_DIR --data-dir DIR --out FILE [--record RECORDED_FILE]
@@ -70,6 +77,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     hashes.add_argument("--data-dir", required=True, type=Path)
     hashes.add_argument("--out", required=True, type=Path, help="the hash file to write (sha256sum format)")
     hashes.add_argument("--record", type=Path, help="a recorded hash file to compare with (results/recorded/)")
+
+    export = sub.add_parser("export", help="make a shipped start model folder from a built toy model")
+    export.add_argument("--model-dir", required=True, type=Path)
+    export.add_argument("--out-dir", required=True, type=Path)
+    export.add_argument("--size", required=True, help="the size it was built at (bfspo/toy/sft.py SIZES)")
+    export.add_argument("--command", required=True, help="the command that built it (recorded in PROVENANCE.sha256)")
+
+    install = sub.add_parser("install", help="check a shipped start model folder and copy it to the model directory")
+    install.add_argument("--shipped", required=True, type=Path)
+    install.add_argument("--out-dir", required=True, type=Path)
+    install.add_argument("--size", required=True, help="the size the config asks for (toy.size)")
 
     forms = sub.add_parser("forms", help="how verbose a toy model's answers are (from `bfspo evaluate` output)")
     forms.add_argument("eval_dirs", nargs="+", type=Path, help="output directories of `bfspo evaluate`")
@@ -148,5 +166,20 @@ def _run_hash(args) -> int:
     return 0
 
 
+def _run_export(args) -> int:
+    from bfspo.toy.shipped import export
+
+    print(export(args.model_dir, args.out_dir, args.size, args.command))
+    return 0
+
+
+def _run_install(args) -> int:
+    from bfspo.toy.shipped import install
+
+    print(install(args.shipped, args.out_dir, args.size))
+    return 0
+
+
 def run(args) -> int:
-    return {"data": _run_data, "build": _run_build, "forms": _run_forms, "hash": _run_hash}[args.toy_command](args)
+    return {"data": _run_data, "build": _run_build, "forms": _run_forms, "hash": _run_hash, "export": _run_export,
+            "install": _run_install}[args.toy_command](args)

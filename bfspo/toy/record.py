@@ -22,7 +22,8 @@ from pathlib import Path
 from bfspo.errors import BfspoError
 from bfspo.io import atomic_write_text
 
-UNHASHED = frozenset({"sft.json"})  # the SFT's summary holds its wall time
+PROVENANCE = "PROVENANCE.sha256"  # a shipped start model's record of what made it (bfspo/toy/shipped.py)
+UNHASHED = frozenset({"sft.json", PROVENANCE})  # the SFT's summary holds its wall time
 # What the model's bytes depend on beyond the code and the data; a mismatch names those that differ.
 KERNEL_KEYS = ("cpu", "cpu_capability", "cpu_numerics", "torch", "sft_threads", "sft_device")
 UNKNOWN = "unknown (not in sft.json)"  # a model built before sft.json recorded its CPU numerics
@@ -82,9 +83,13 @@ def cpu_vendor() -> str:
 
 def build_info(model_dir: str | Path) -> dict[str, str]:
     """What made the model: commit, date, CPU type and vendor, torch, and from the model's sft.json
-    the CPU capability and numerics the SFT ran under and its threads, steps and device."""
+    the CPU capability and numerics the SFT ran under and its threads, steps and device. For a
+    shipped start model (a PROVENANCE file in `model_dir`), PROVENANCE's header: what made it where
+    it was built."""
     import torch
 
+    if (Path(model_dir) / PROVENANCE).is_file():
+        return read_record(Path(model_dir) / PROVENANCE)[0]
     sft_path = Path(model_dir) / "sft.json"
     try:
         sft = json.loads(sft_path.read_text())
@@ -145,14 +150,17 @@ def compare(record_path: str | Path, info: dict[str, str], hashes: dict[str, str
     vendor, rec_vendor = info.get("cpu_vendor"), rec_info.get("cpu_vendor")
     across = (f"  The record's CPU is a {rec_vendor} one ({rec_info.get('cpu')}), this build's a {vendor} one "
               f"({info.get('cpu')}): the bytes {{}} across CPU vendors." if rec_vendor and rec_vendor != vendor else "")
+    start = ("  Start model: shipped: copied from its tracked folder, built by "
+             f"`{info.get('command', '?')}` at commit {info.get('commit', '?')} on {info.get('cpu', '?')}; no SFT ran."
+             if info.get("start") == "shipped" else "  Start model: rebuilt by this run's SFT (rule toy_model).")
     if not differ:
         lines = [f"toy check: MATCH: the toy data and model equal {record_path} bit for bit ({len(hashes)} files, {made}).",
-                 numerics] + ([across.format("matched")] if across else [])
+                 start, numerics] + ([across.format("matched")] if across else [])
         return True, "\n".join(lines)
     lines = [f"toy check: MISMATCH: {len(differ)} of {len(paths)} files differ from {record_path} ({made}):"]
     lines += [f"  {p}" + ("" if p in hashes else " (not built)") + ("" if p in rec_hashes else " (not recorded)")
               for p in differ]
-    lines.append(numerics)
+    lines += [start, numerics]
     if any(Path(p).suffix != ".jsonl" for p in differ):
         if across:
             lines.append(across.format("did not match"))
@@ -178,7 +186,7 @@ def write_and_check(model_dir: str | Path, data_dir: str | Path, out: str | Path
     """Write the hash file `out`; compare it with `record` if given. Returns the message to print;
     a mismatch is reported, not raised: another CPU type legitimately builds other bytes."""
     hashes = file_hashes(model_dir, data_dir)
-    info = build_info(model_dir)
+    info = {"start": "shipped" if (Path(model_dir) / PROVENANCE).is_file() else "rebuilt"} | build_info(model_dir)
     atomic_write_text(out, format_record(info, hashes))
     if record is None:
         return f"toy check: wrote {out} ({len(hashes)} files); no record to compare with (toy.record unset)."
