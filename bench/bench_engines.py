@@ -33,8 +33,8 @@ def rollout_rate(engine_name: str, args) -> tuple[float, float, int]:
     from bfspo.io import read_jsonl
     from bfspo.model_io import load_model
     from bfspo.rollout import make_engine
-    from bfspo.tasks.prompts import prompt_ids
     from bfspo.tasks.benchmarks import get_benchmark
+    from bfspo.tasks.prompts import prompt_ids
 
     base, tokenizer = load_model(args.model)
     policy = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])).eval()

@@ -12,7 +12,7 @@ cut off inside one) are not shown.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 WINDOW = 6  # tokens of left context decoded with each token
 MAX_CHAR_TOKENS = 4  # a UTF-8 character has at most 4 bytes, so it spans at most 4 byte tokens

@@ -20,8 +20,8 @@ leaves out every W&B run under previous/ (bfspo/reporting/sync.py).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 PREVIOUS_NAME = "previous"
 STAGING_NAME = ".incoming"

@@ -28,9 +28,10 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import yaml
 

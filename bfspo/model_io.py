@@ -21,7 +21,6 @@ from bfspo.errors import BfspoError
 from bfspo.io import read_json
 from bfspo.model_source import check_model_source, offline
 
-
 TOKENIZER_PROBE = "The answer is 42."
 
 

@@ -56,8 +56,13 @@ def check_model_source(name: str) -> None:
 def check_hub_id(name: str) -> None:
     """BfspoError unless hub id `name` has a config.json in the local cache or on the hub (asked once)."""
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
-    from huggingface_hub.errors import (GatedRepoError, HFValidationError, HfHubHTTPError, RemoteEntryNotFoundError,
-                                        RepositoryNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     neither = f"{name}: neither a local folder nor"
     try:

@@ -5,10 +5,17 @@ import math
 import pytest
 import torch
 
-from bfspo.algorithm.advantages import (EPS, FILTERS, assign_advantages, assign_rewards, first_samples,
-                                       group_advantages, keep_tree)
-from bfspo.errors import BfspoError
+from bfspo.algorithm.advantages import (
+    EPS,
+    FILTERS,
+    assign_advantages,
+    assign_rewards,
+    first_samples,
+    group_advantages,
+    keep_tree,
+)
 from bfspo.algorithm.tree import SearchTree
+from bfspo.errors import BfspoError
 
 SQ2 = math.sqrt(2)
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from bfspo.tasks.benchmarks import BENCHMARKS, Benchmark, get_benchmark
 from bfspo.errors import BfspoError
+from bfspo.tasks.benchmarks import BENCHMARKS, Benchmark, get_benchmark
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from bfspo.training.config import TrainConfig, load_train_config, parse_overrides
 from bfspo.errors import BfspoError
+from bfspo.training.config import TrainConfig, load_train_config, parse_overrides
 
 
 def test_paper_defaults():

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bfspo.cli import main
-from bfspo.tasks.prepare import SPLITS
 from bfspo.io import read_jsonl
+from bfspo.tasks.prepare import SPLITS
 from bfspo.tasks.verify import is_correct
 
 RAW = Path(__file__).resolve().parents[1] / "data" / "raw"

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bfspo.errors import BfspoError
 from bfspo.rollout import make_engine
 from bfspo.rollout.base import Completion
 from bfspo.rollout.hf_engine import TransformersEngine, logprobs_and_entropy, rollout_mode, sample_next
-from bfspo.errors import BfspoError
 
 TEXTS = ["Tom has 3 apples.", "A shop sells 12 pens a day for 5 days. 12 * 5 = 60. So the answer is", "Let x"]
 

@@ -9,10 +9,19 @@ import pytest
 
 from bfspo.cli import main
 from bfspo.errors import BfspoError
-from bfspo.reporting.figures import _seed_curves, backtracking_depths, pareto_front
 from bfspo.reporting import figures
-from bfspo.reporting.style import (EMA_ALPHA, MAX_LUMINANCE, PALETTE, ZERO_SHOT_COLOUR, colour_distance,
-                                   distinct_colours, luminance, method_colour, method_colours)
+from bfspo.reporting.figures import _seed_curves, backtracking_depths, pareto_front
+from bfspo.reporting.style import (
+    EMA_ALPHA,
+    MAX_LUMINANCE,
+    PALETTE,
+    ZERO_SHOT_COLOUR,
+    colour_distance,
+    distinct_colours,
+    luminance,
+    method_colour,
+    method_colours,
+)
 
 SPEC = {
     "name": "abl",

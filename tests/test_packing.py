@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards
-from bfspo.errors import BfspoError
-from bfspo.algorithm.loss import policy_loss
 from bfspo.algorithm.attention_options import bucket_lengths
+from bfspo.algorithm.loss import policy_loss
 from bfspo.algorithm.packing import pack_trees, packed_logprobs, pad_row, plan_micro_batches, row_buckets
 from bfspo.algorithm.tree import SearchTree
+from bfspo.errors import BfspoError
 from tests.helpers.previous_packing import previous_pack_trees
 from tests.helpers.trees import random_search_tree
 
@@ -235,8 +235,8 @@ def test_trees_sampled_by_the_engine_pack_back_to_their_own_logprobs_and_entropi
     the packed entropy after each token is the tree's entropy_after (the engine's next step entropy)."""
     from transformers import AutoTokenizer
 
-    from bfspo.rollout.hf_engine import TransformersEngine
     from bfspo.algorithm.search import build_trees
+    from bfspo.rollout.hf_engine import TransformersEngine
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = [tok("Tom has 3 apples.")["input_ids"], tok("A shop sells 12 pens")["input_ids"]]

@@ -7,10 +7,24 @@ import pandas as pd
 import pytest
 
 from bfspo.errors import BfspoError
-from bfspo.reporting.paired import (BEATS, LOSES, MATCHES, _contrast_sections, against_zero_shot, check_pairing,
-                                    contrasts,
-                                    min_detectable_difference, paired_summary, paired_table, ratio_summary,
-                                    seed_band, t_quantile, verdict, window_means, window_table)
+from bfspo.reporting.paired import (
+    BEATS,
+    LOSES,
+    MATCHES,
+    _contrast_sections,
+    against_zero_shot,
+    check_pairing,
+    contrasts,
+    min_detectable_difference,
+    paired_summary,
+    paired_table,
+    ratio_summary,
+    seed_band,
+    t_quantile,
+    verdict,
+    window_means,
+    window_table,
+)
 
 Z = 1.959964 + 0.841621  # z_0.975 + z_0.8
 

@@ -24,9 +24,16 @@ from bfspo.pipeline import plan as plan_module
 from bfspo.pipeline.matrix import Matrix, load_config, read_configs
 from bfspo.pipeline.plan import plan
 from bfspo.pipeline.shapes import MODELS_DIR, Shape, load_shape
-from bfspo.pipeline.throughput import (ASSUMPTIONS, chain_tokens_factor, decode_tokens_per_s, expanded_share, forward_s,
-                                       generated_chain_tokens, signal_rate,
-                                       generation_rounds_factor)
+from bfspo.pipeline.throughput import (
+    ASSUMPTIONS,
+    chain_tokens_factor,
+    decode_tokens_per_s,
+    expanded_share,
+    forward_s,
+    generated_chain_tokens,
+    generation_rounds_factor,
+    signal_rate,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -366,12 +373,12 @@ def test_the_plan_takes_each_runs_signal_rate_from_its_group_and_filter():
     # which drops more of them
     assert all_leaves.generated_tokens < bfspo.generated_tokens
     # sampling: fixed (verl's rule): one round of 3x the questions (keep x oversample >= 1)
-    for run, plan in (("qwen2.5-3b_gsm8k_dapo_s0", dapo), ("qwen2.5-3b_gsm8k_bfspo_s0", bfspo)):
+    for run, keep_rate_plan in (("qwen2.5-3b_gsm8k_dapo_s0", dapo), ("qwen2.5-3b_gsm8k_bfspo_s0", bfspo)):
         cfg = gpu_plan.train_config(m, run)
         cfg.sampling = "fixed"
         fixed = gpu_plan.plan_train_config(cfg, run="fixed", gpus=1, nodes=1, ranks=1, gpu_mem=None, cap_min=1440)
         expected = 3 * 8192 if cfg.k == 0 else 3 * 512 * 4 * (1 + bfspo.signal * 3)
-        assert fixed.generated_chains == pytest.approx(expected) and fixed.step_s > plan.step_s
+        assert fixed.generated_chains == pytest.approx(expected) and fixed.step_s > keep_rate_plan.step_s
     cfg.filter = "all_leaves"  # at 3x: all_leaves expands every tree, first_samples only those that pass
     fixed_all = gpu_plan.plan_train_config(cfg, run="all", gpus=1, nodes=1, ranks=1, gpu_mem=None, cap_min=1440)
     assert fixed_all.generated_tokens > fixed.generated_tokens and fixed_all.step_s > fixed.step_s
@@ -457,8 +464,14 @@ def test_the_plan_predicts_the_measured_peak_of_an_update_within_25_percent(tmp_
 
 
 def test_lora_tail_preemption_and_start_terms():
-    from bfspo.pipeline.throughput import (decode_step_s, generation_rounds, preempted_share, recompute_tokens,
-                                           start_s, wave_tail_s)
+    from bfspo.pipeline.throughput import (
+        decode_step_s,
+        generation_rounds,
+        preempted_share,
+        recompute_tokens,
+        start_s,
+        wave_tail_s,
+    )
 
     a = ASSUMPTIONS
     q3 = load_shape("Qwen/Qwen2.5-3B-Instruct")

@@ -3,8 +3,8 @@
 import pytest
 from transformers import AutoTokenizer
 
-from bfspo.tasks.benchmarks import BENCHMARKS
 from bfspo.errors import BfspoError
+from bfspo.tasks.benchmarks import BENCHMARKS
 from bfspo.tasks.prompts import format_choices, prompt_ids, render_prompt, user_message
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import copy
 import subprocess
-from collections import Counter
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from bfspo.algorithm.attention_options import BUCKET_TOKENS, bucket_lengths
+from bfspo.model_io import load_model
 from bfspo.rollout import make_engine, rescore
 from bfspo.rollout.base import Completion
 from bfspo.rollout.hf_engine import TransformersEngine
-from bfspo.model_io import load_model
 from bfspo.rollout.rescore import RescoredEngine
 
 OFFSET = 0.25

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bfspo.errors import BfspoError
 from bfspo.algorithm.rewards import overlong_penalty, overlong_window, sequence_reward
+from bfspo.errors import BfspoError
 from bfspo.tasks.verify import extract_answer, is_correct, last_boxed, math_equal, normalize_answer
 
 # Power towers that sympy would evaluate forever. Each test uses its own, because verdicts are cached.

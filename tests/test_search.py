@@ -3,10 +3,10 @@
 import pytest
 
 from bfspo.algorithm.advantages import keep_tree
-from bfspo.rollout.base import Completion
-from bfspo.errors import BfspoError
 from bfspo.algorithm.search import backtracking_point, build_trees
 from bfspo.algorithm.tree import SearchTree, best_leaf
+from bfspo.errors import BfspoError
+from bfspo.rollout.base import Completion
 
 EOS, ANSWER = 1, 7  # a path is correct iff it contains the right answer token
 

@@ -11,11 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bfspo.cli import main
+from bfspo.errors import BfspoError
 from bfspo.io import write_jsonl
 from bfspo.tasks.prompts import prompt_ids, render_prompt
-from bfspo.toy.model import train_tokenizer
-from bfspo.errors import BfspoError
-from bfspo.toy.model import new_model, save_model_dir
+from bfspo.toy.model import new_model, save_model_dir, train_tokenizer
 from bfspo.toy.sft import IGNORE, SIZES, batches, check_reload, collate, encode, lr_at, tokenizer_corpus
 from bfspo.toy.task import make_splits
 

@@ -10,9 +10,24 @@ from bfspo.io import read_jsonl
 from bfspo.tasks.verify import is_correct
 from bfspo.toy.model import train_tokenizer
 from bfspo.toy.sft import tokenizer_corpus
-from bfspo.toy.task import (ADD_SUB, DAYS, DEFAULT, FORM_WEIGHTS, FORMS, ID_STEPS, ID_TEMPLATES, MAX_VALUE, OOD_STEPS,
-                            OOD_TEMPLATES, Difficulty, line_forms, make_problem, make_splits, random_forms,
-                            solution)
+from bfspo.toy.task import (
+    ADD_SUB,
+    DAYS,
+    DEFAULT,
+    FORM_WEIGHTS,
+    FORMS,
+    ID_STEPS,
+    ID_TEMPLATES,
+    MAX_VALUE,
+    OOD_STEPS,
+    OOD_TEMPLATES,
+    Difficulty,
+    line_forms,
+    make_problem,
+    make_splits,
+    random_forms,
+    solution,
+)
 
 APPLY = {"add": lambda a, n: a + n, "sub": lambda a, n: a - n, "mul": lambda a, n: a * n, "div": lambda a, n: a / n}
 

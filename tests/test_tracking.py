@@ -30,7 +30,7 @@ def test_disabled_mode_logs_nothing(tmp_path, monkeypatch):
 
 def test_runs_are_tagged_with_the_workflows_names(tmp_path, monkeypatch):
     from bfspo.reporting.sync import offline_runs
-    
+
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     names = {"tables": ["table2", "ablation"], "method_key": "bfspo", "model_label": "Qwen2.5-3B", "seed": 1, "k": 3}

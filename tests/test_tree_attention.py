@@ -9,8 +9,15 @@ import torch
 
 from bfspo.algorithm import tree_attention
 from bfspo.algorithm.attention_options import MAX_BUCKETS, bucket_lengths, padded_length
-from bfspo.algorithm.tree_attention import (FLEX_EAGER_MAX_TOKENS, blockwise_attention, flex_errors, flex_refusal,
-                                            flex_tree_attention, interval_block_mask, tree_attention_forward)
+from bfspo.algorithm.tree_attention import (
+    FLEX_EAGER_MAX_TOKENS,
+    blockwise_attention,
+    flex_errors,
+    flex_refusal,
+    flex_tree_attention,
+    interval_block_mask,
+    tree_attention_forward,
+)
 from bfspo.errors import BfspoError
 
 

@@ -6,9 +6,9 @@ import re
 import pytest
 
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards
+from bfspo.algorithm.tree import SearchTree
 from bfspo.cli import main
 from bfspo.io import write_jsonl
-from bfspo.algorithm.tree import SearchTree
 from bfspo.reporting.tree_stats import tree_stats
 
 WORDS = {1: "<eos>", 2: "Let", 3: "'s", 4: " count", 5: " pieces", 6: " are", 7: " left", 8: " 4",

@@ -31,8 +31,9 @@ def build_model_dir(path, answering: bool = False):
     scaled up so that greedy answers are not one token repeated. An `answering` one favours EOS and
     the number 3 (tests/helpers/eos.py): on this module's training questions, sampled within 24
     tokens, about half of its answers end, and one in six is 3 and right."""
-    from bfspo.toy.model import new_model, save_model_dir, train_tokenizer
     from conftest import TINY_CORPUS
+
+    from bfspo.toy.model import new_model, save_model_dir, train_tokenizer
     from tests.helpers.eos import favour_tokens
 
     tokenizer = train_tokenizer(TINY_CORPUS, vocab_size=320)

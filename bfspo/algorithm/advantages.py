@@ -23,12 +23,12 @@ equal (sigma = 0), or the group has a single member, every advantage is exactly 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
-from bfspo.errors import BfspoError
 from bfspo.algorithm.rewards import sequence_reward
 from bfspo.algorithm.tree import SearchTree
+from bfspo.errors import BfspoError
 
 EPS = 1e-6
 # Readings of the dynamic-sampling filter (docs/algorithm.md, "Dynamic sampling"); the first is the default.

@@ -67,19 +67,20 @@ vocabulary V, in the model's dtype unless said otherwise:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
-from typing import Sequence
 
 import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from bfspo.errors import BfspoError
 from bfspo.algorithm.advantages import per_chain
-from bfspo.algorithm.tree import SearchTree
 from bfspo.algorithm.attention_options import ATTENTIONS, bucket_lengths, padded_length
-from bfspo.algorithm.tree_attention import NAME as TREE_ATTENTION, default_kernel, tree_attention_mode, tree_kwargs
+from bfspo.algorithm.tree import SearchTree
+from bfspo.algorithm.tree_attention import NAME as TREE_ATTENTION
+from bfspo.algorithm.tree_attention import default_kernel, tree_attention_mode, tree_kwargs
+from bfspo.errors import BfspoError
 
 LAYOUTS = ("tree", "flat")
 MASKED_ATTENTION = ("sdpa", "eager")  # implementations that apply a dense 4-D additive mask as given
@@ -111,7 +112,7 @@ class PackedBatch:
         """The entries' count: |T| (branch) or sum_i |o_i| (global) over the packed tokens."""
         return int(self.targets.numel())
 
-    def to(self, device) -> "PackedBatch":
+    def to(self, device) -> PackedBatch:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return PackedBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in values.items()})
 

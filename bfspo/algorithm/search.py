@@ -34,12 +34,12 @@ Conventions (docs/algorithm.md):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
-from bfspo.errors import BfspoError
 from bfspo.algorithm.advantages import FILTERS, keep_tree
 from bfspo.algorithm.tree import SearchTree, best_leaf
+from bfspo.errors import BfspoError
 
 SELECTIONS = ("bfs", "entropy")
 

@@ -31,8 +31,8 @@ tokens: the first token after the prompt has depth 1, a leaf's depth is the leng
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 NAN = float("nan")
 DECODE_CONTEXT = 8  # tokens of its path that a segment's decoding sees before it (segment_texts)
@@ -231,7 +231,7 @@ class SearchTree:
                 "n_tokens": self.n_tokens, "n_chain_tokens": self.n_chain_tokens}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SearchTree":
+    def from_dict(cls, d: dict) -> SearchTree:
         """Inverse of `to_dict` (token strings and derived counts are dropped)."""
         leaves = {x["segment"]: Leaf(correct=x["correct"], length=x["length"], finished=x["finished"],
                                      reward=x["reward"], advantage=x["advantage"]) for x in d["leaves"]}

@@ -8,7 +8,7 @@ the final best path) as full text, and the tree as an indented outline of segmen
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from bfspo.algorithm.tree import SearchTree
 

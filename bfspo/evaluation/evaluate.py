@@ -44,18 +44,17 @@ from pathlib import Path
 
 import numpy as np
 
-from bfspo.tasks.benchmarks import Benchmark, get_benchmark
-from bfspo.rollout import make_engine
-from bfspo.rollout.base import Completion, RolloutEngine, needed_model_len
 from bfspo import code_identity, console, fingerprint, history, runlock
 from bfspo.device import resolve_device
 from bfspo.errors import BfspoError
-from bfspo.io import read_json, remove_temporaries, write_json, write_jsonl
 from bfspo.evaluation.metrics import bootstrap_ci
 from bfspo.evaluation.progress import Progress
 from bfspo.evaluation.protocol import protocol_of
-from bfspo.model_io import (check_adapter, check_weights, load_config, load_model, load_tokenizer,
-                            read_adapter_config)
+from bfspo.io import read_json, remove_temporaries, write_json, write_jsonl
+from bfspo.model_io import check_adapter, check_weights, load_config, load_model, load_tokenizer, read_adapter_config
+from bfspo.rollout import make_engine
+from bfspo.rollout.base import Completion, RolloutEngine, needed_model_len
+from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.tasks.prompts import prompt_ids
 from bfspo.tasks.rows import read_rows
 from bfspo.tasks.verify import extract_answer, is_correct, timeouts

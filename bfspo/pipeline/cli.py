@@ -27,10 +27,18 @@ import argparse
 
 from bfspo.errors import BfspoError
 from bfspo.pipeline import jobs, schedule, slurm
-from bfspo.pipeline.gpu_plan import (CHECKPOINT_BYTES_S, CUDA_CONTEXT, HEAD_CHUNK_ROWS, SAFETY, VLLM_ASLEEP, EvalPlan,
-                                     TrainPlan, largest_micro_batch)
-from bfspo.pipeline.memory import GIB
+from bfspo.pipeline.gpu_plan import (
+    CHECKPOINT_BYTES_S,
+    CUDA_CONTEXT,
+    HEAD_CHUNK_ROWS,
+    SAFETY,
+    VLLM_ASLEEP,
+    EvalPlan,
+    TrainPlan,
+    largest_micro_batch,
+)
 from bfspo.pipeline.matrix import Matrix, read_configs
+from bfspo.pipeline.memory import GIB
 from bfspo.pipeline.plan import plan
 from bfspo.pipeline.throughput import ASSUMPTIONS
 

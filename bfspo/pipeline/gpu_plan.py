@@ -28,12 +28,27 @@ from bfspo.pipeline import jobs, memory
 from bfspo.pipeline.matrix import Matrix
 from bfspo.pipeline.memory import GIB
 from bfspo.pipeline.shapes import Shape, load_shape
+from bfspo.pipeline.throughput import (
+    ASSUMPTIONS,
+    Assumptions,
+    buckets_met,
+    chain_tokens_factor,
+    compiled_graphs,
+    decode_tokens_per_s,
+    expanded_share,
+    forward_s,
+    generated_chain_tokens,
+    generation_rounds,
+    preempted_share,
+    recompute_tokens,
+    rescored_row_tokens,
+    row_length_ranges,
+    signal_rate,
+    start_s,
+    wave_tail_s,
+)
 from bfspo.rollout.streamed import PENDING_SHARE, resolve_rollout
 from bfspo.training.batching import KeepRate, ask_rate
-from bfspo.pipeline.throughput import (ASSUMPTIONS, Assumptions, buckets_met, chain_tokens_factor, compiled_graphs,
-                                       decode_tokens_per_s, expanded_share, generated_chain_tokens, signal_rate,
-                                       forward_s, generation_rounds, preempted_share, recompute_tokens,
-                                       rescored_row_tokens, row_length_ranges, start_s, wave_tail_s)
 
 SAFETY = 1.5  # time limits and the warning ask for the planned time x 1.5
 CHECKPOINT_BYTES_S = 200e6  # writing (and hashing) a checkpoint on a shared file system

@@ -45,8 +45,15 @@ import pandas as pd
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl
 from bfspo.reporting.style import BAND_ALPHA, EMA_ALPHA, distinct_colours, ema, method_colours
-from bfspo.reporting.summaries import (ZERO_SHOT, aggregate, check_trained_on, load_reported, load_spec,
-                                       load_summaries, score)
+from bfspo.reporting.summaries import (
+    ZERO_SHOT,
+    aggregate,
+    check_trained_on,
+    load_reported,
+    load_spec,
+    load_summaries,
+    score,
+)
 
 # The learning curves: metrics.jsonl key, axis label, and the factor to it (accuracy in percent, as in
 # the tables and the Pareto figures)

@@ -27,7 +27,6 @@ from bfspo.errors import BfspoError
 from bfspo.io import check_set, write_json
 from bfspo.reporting.tables import incomplete_marker
 
-
 REPORT_ENTRIES = ("wandb", "wandb_id.txt")  # a report run's files in its folder, set aside together
 
 

@@ -38,15 +38,24 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from bfspo.code_identity import stale, stale_line
 from bfspo.algorithm.advantages import advantage_kind
+from bfspo.code_identity import stale, stale_line
 from bfspo.errors import BfspoError
-from bfspo.io import atomic_write_set, atomic_write_text, read_jsonl
 from bfspo.evaluation.metrics import aes_consistency
-from bfspo.reporting.owner import write_owner
+from bfspo.io import atomic_write_set, atomic_write_text, read_jsonl
 from bfspo.reporting.latex import NO, YES, latex_escape
-from bfspo.reporting.summaries import (METRICS, ZERO_SHOT, Stat, aggregate, check_trained_on, load_reported,
-                                       load_spec, load_summaries, score)
+from bfspo.reporting.owner import write_owner
+from bfspo.reporting.summaries import (
+    METRICS,
+    ZERO_SHOT,
+    Stat,
+    aggregate,
+    check_trained_on,
+    load_reported,
+    load_spec,
+    load_summaries,
+    score,
+)
 
 OURS, PAPER, REPORTED = "ours", "paper", "reported"
 DESCRIPTORS = {

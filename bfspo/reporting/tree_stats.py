@@ -14,14 +14,14 @@ prints as its legend (and in its --help).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from statistics import mean
-from typing import Iterable, Iterator
 
 from bfspo.algorithm.advantages import first_samples, group_advantages, keep_tree
+from bfspo.algorithm.tree import SearchTree
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl
-from bfspo.algorithm.tree import SearchTree
 
 # The kinds of kept tree, by their G first samples, and what each means
 TREE_KINDS = {

@@ -8,8 +8,9 @@ and for entropy-based backtracking (Sec. 3.2), whatever temperature or top-p the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from bfspo.errors import BfspoError
 

@@ -50,9 +50,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bfspo.rollout.base import Completion, Occupancy, check_sampling_args, eos_token_ids, per_context_budgets
 from bfspo.errors import BfspoError
 from bfspo.model_io import check_adapter, load_config
+from bfspo.rollout.base import Completion, Occupancy, check_sampling_args, eos_token_ids, per_context_budgets
 
 GIB = 1 << 30
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from bfspo.errors import BfspoError
 from bfspo.io import read_jsonl, write_json, write_jsonl

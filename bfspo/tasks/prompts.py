@@ -16,10 +16,10 @@ MMLU-STEM questions carry their choices as `A. ...` lines (see `format_choices`,
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 from bfspo.errors import BfspoError
+from bfspo.tasks.benchmarks import Benchmark, get_benchmark
 
 CHOICE_LETTERS = "ABCD"
 

@@ -8,8 +8,8 @@ weights; the toy pipeline (`bfspo toy build`) trains one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 # Qwen2.5-style chat template: the system turn defaults to DEFAULT_SYSTEM when none is given.
 DEFAULT_SYSTEM = "You are a helpful assistant."

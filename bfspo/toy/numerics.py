@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 

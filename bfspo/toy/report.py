@@ -4,8 +4,8 @@ the share of each form, and accuracy and length by the share of verbose lines in
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from statistics import mean
-from typing import Iterable
 
 from bfspo.toy.task import FORMS, line_forms
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from bfspo import console, tracking
 from bfspo.errors import BfspoError

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 # The default numbers, small enough for a tiny model: every value in [1, 20], starting in [2, 15];
 # add/sub operands 2-9; mul/div by 2; 2-5 steps in domain, 6-7 out of domain. `Difficulty` changes them.

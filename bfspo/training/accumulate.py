@@ -16,8 +16,8 @@ in its dtype), plus a few floats of statistics per micro-batch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 

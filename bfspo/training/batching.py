@@ -18,8 +18,8 @@ trees finish in.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 
 def tree_chains(tree) -> int:
@@ -53,7 +53,7 @@ class KeepRate:
     kept: float = 0.0
     asked: float = 0.0
 
-    def update(self, kept_chains: int, questions: int, chains_per_question: int) -> "KeepRate":
+    def update(self, kept_chains: int, questions: int, chains_per_question: int) -> KeepRate:
         """The estimate after a step whose `questions` generated trees kept `kept_chains` chains."""
         return KeepRate(KEEP_RATE_DECAY * self.kept + kept_chains,
                         KEEP_RATE_DECAY * self.asked + questions * chains_per_question)

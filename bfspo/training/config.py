@@ -24,10 +24,10 @@ from bfspo.algorithm.attention_options import ATTENTIONS, BUCKET_TOKENS, MAX_BUC
 from bfspo.algorithm.rewards import WINDOWS
 from bfspo.algorithm.search import SELECTIONS
 from bfspo.device import DEVICES
-from bfspo.rollout.streamed import ROLLOUTS, resolve_rollout
-from bfspo.training.batching import SAMPLINGS
 from bfspo.errors import BfspoError
 from bfspo.io import parse_yaml, read_yaml
+from bfspo.rollout.streamed import ROLLOUTS, resolve_rollout
+from bfspo.training.batching import SAMPLINGS
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 KEYS_HELP = "every key, with its default and meaning: bfspo train --help, or config/README.md, section train"

@@ -41,22 +41,22 @@ import numpy as np
 import torch
 
 from bfspo import code_identity, console, fingerprint, runlock
-from bfspo.device import resolve_device
-from bfspo.training import batching, checkpoint, dist, step_metrics, validation
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
-from bfspo.training.config import TrainConfig
-from bfspo.training.samples import sample_table
+from bfspo.algorithm.packing import n_entries
+from bfspo.algorithm.search import build_trees
+from bfspo.device import resolve_device
 from bfspo.errors import BfspoError
 from bfspo.io import append_line, write_json
-from bfspo.algorithm.packing import n_entries
+from bfspo.rollout.base import needed_model_len
 from bfspo.rollout.rescore import RescoredEngine
 from bfspo.rollout.streamed import StreamedSearch, resolve_rollout
+from bfspo.training import batching, checkpoint, dist, step_metrics, validation
 from bfspo.training.accumulate import minibatch_backward
-from bfspo.algorithm.search import build_trees
-from bfspo.rollout.base import needed_model_len
 from bfspo.training.batching import minibatch_plan
+from bfspo.training.config import TrainConfig
 from bfspo.training.nonfinite import step_if_finite
 from bfspo.training.run_dir import Start, prepare_run_dir, run_inputs, set_aside, trim_metrics, write_trees
+from bfspo.training.samples import sample_table
 
 
 @dataclass
@@ -104,8 +104,8 @@ class Trainer:
         """`train_data`: the training file's bytes that the run fingerprinted (read from the file if None)."""
         from peft import LoraConfig, get_peft_model
 
-        from bfspo.rollout import make_engine
         from bfspo.model_io import load_model
+        from bfspo.rollout import make_engine
 
         self.cfg, self.run_dir = cfg, run_dir
         device = resolve_device(cfg.device)

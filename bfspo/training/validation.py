@@ -9,7 +9,7 @@ one without (tests/test_validation.py).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 def answer(engine, prompts: Sequence[Sequence[int]], budget: int,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
+from bfspo.algorithm.tree import SearchTree
 from bfspo.training import dist
 from bfspo.training.config import TrainConfig
-from bfspo.algorithm.tree import SearchTree
 from bfspo.training.trainer import Trainer
 
 model, data, trees_file, out = sys.argv[1:5]

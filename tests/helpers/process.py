@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 def kill_group(proc: subprocess.Popen) -> None:

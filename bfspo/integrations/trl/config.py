@@ -24,8 +24,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from trl import GRPOConfig
 
 from bfspo.algorithm.loss import EPS_HIGH
-from bfspo.training.config import choices as train_choices
 from bfspo.training.config import TrainConfig, number_problem
+from bfspo.training.config import choices as train_choices
 
 _TRAIN_FIELDS = {f.name: f for f in fields(TrainConfig)}
 

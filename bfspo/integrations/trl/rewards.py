@@ -14,8 +14,8 @@ no correct answer). Nothing here imports TRL.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from numbers import Real
-from typing import Callable, Sequence
 
 from bfspo.tasks.benchmarks import get_benchmark
 from bfspo.tasks.prompts import user_message

@@ -28,8 +28,8 @@ With K = 0 the trees are GRPO's groups and the loss is TRL's `loss_type="dapo"`
 from __future__ import annotations
 
 import inspect
-from collections import defaultdict, deque
 import math
+from collections import defaultdict, deque
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -67,7 +67,7 @@ class TRLGeneration:
     drawn exactly as if sampling had stopped there. Log-probs and entropies are left NaN: the
     RescoredEngine around this one computes both with the training model."""
 
-    def __init__(self, trainer: "BFSPOTrainer"):
+    def __init__(self, trainer: BFSPOTrainer):
         self.trainer = trainer
 
     def generate(self, contexts, n, max_new_tokens, **_sampling):
