@@ -26,6 +26,9 @@ def config(name: str, **train) -> dict:
         _CONFIGS[name] = load_config(ROOT / "config" / name)
     cfg = copy.deepcopy(_CONFIGS[name])
     cfg["train"].update(train)
+    if train:  # every arm at these settings: the methods' own `train` (config.yaml's G = 4 trees) goes
+        for spec in cfg["methods"].values():
+            spec.pop("train", None)
     return cfg
 
 
@@ -62,12 +65,13 @@ def test_an_arm_whose_trees_miss_its_batch_or_step_is_named_with_its_tree_and_re
 
 
 def test_each_rank_fills_its_own_share_with_whole_trees():
-    """2 ranks split 48 chains into shares of 24, which K = 3's 16-chain trees fill to 16 each."""
+    """2 ranks split 48 chains into shares of 24, which DAPO's 16-chain groups and K = 3's 16-chain
+    trees fill to 16 each."""
     cfg = config("config.yaml")
     cfg["resources"]["cpu"]["ranks"] = 2
     short = chains.shortfalls(Matrix(cfg))
     assert {(s.arm, s.what, s.target, s.reached) for s in short} == {
-        (f"toy_toy_{m}", "batch", 48, 32) for m in ("bfspo", "no-bfs", "global-adv", "no-overlong")}
+        (f"toy_toy_{m}", "batch", 48, 32) for m in ("dapo", "bfspo", "no-bfs", "global-adv", "no-overlong")}
 
 
 def test_an_arm_is_named_once_whatever_its_seeds():

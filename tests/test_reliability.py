@@ -499,8 +499,8 @@ def test_a_dry_run_stops_on_settings_every_job_would_refuse(tmp_path):
     proc = snakemake("-n", "--nolock", "--configfile", str(write_config(tmp_path, "config/config.yaml", edit)))
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "invalid config" in output
-    for problem in ("config: lr must be a number > 0 and at most 1, got nan (run toy_toy_dapo_s0)",
-                    "config: train_batch (48) must be a multiple of mini_batch (5) (run toy_toy_bfspo_s0)",
+    for problem in ("config: lr must be a number > 0 and at most 1, got nan (run toy_toy_dapo_s0",
+                    "config: train_batch (48) must be a multiple of mini_batch (5) (run toy_toy_bfspo_s0",
                     "evaluation: 4 samples per question at temperature 0 would all be the same greedy response "
                     "(benchmark toy)"):
         assert problem in output
