@@ -674,7 +674,15 @@ def test_the_measured_update_follows_a_warm_up_at_its_own_shapes(tmp_path, monke
     assert [r["stage"] for r in records] == ["model", "warm-up", "update", "peak memory"]
     assert [h for h, _ in calls] == [64, 128, 128] and calls[1][1] == calls[2][1]  # the tiny warm-up: CPU only
     r = records[-1]
-    assert r["compiles_in_timed_update"] == 0 and r["row_tokens"] > 0 and r["measured_bytes"] > 0
+    assert r["compiles_in_timed_update"] == 0 and r["row_tokens"] > 0
+    # the peak RSS above the baseline, measured as the bench runs, in a process of its own: in the test
+    # suite's long-lived process the update reuses heap pages already resident, and measures 0
+    fresh = subprocess.run([sys.executable, "-m", "bench.bench_plan_memory", "--shape", str(tmp_path), "--layers", "1",
+                            "--tokens", "600", "--prompt", "40", "--answer", "60", "--budget", "128", "--group", "4",
+                            "--k", "0", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert fresh.returncode == 0, fresh.stderr
+    measured = [json.loads(line) for line in fresh.stdout.splitlines() if line.startswith("{")]
+    assert measured[-1]["stage"] == "peak memory" and measured[-1]["measured_bytes"] > 0
     # --one-row (the GPU check's update): whole trees in one micro-batch, padded to one bucket of --tokens
     calls.clear()
     buckets = []
