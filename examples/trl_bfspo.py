@@ -72,6 +72,7 @@ def main() -> None:
     trainer.train()
     trainer.save_model(args.output_dir)  # the LoRA adapter
     trainer.save_state()  # trainer_state.json: every step's logged metrics (log_history)
+    trainer.accelerator.end_training()  # trackers finished, the process group destroyed, as `bfspo train` ends
 
 
 if __name__ == "__main__":
