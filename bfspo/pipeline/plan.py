@@ -13,7 +13,8 @@
    beyond the card, more attempts than the profile's retries, a time limit over the partition's
    (`slurm.max_runtime`);
 6. the warnings (`Plan.warnings`): arms whose trees miss their chains per step, training runs
-   with no attempt to spare, finished runs and evaluations made with other code (bfspo/pipeline/stale.py); and the line naming the Slurm keys left to the cluster.
+   with no attempt to spare, finished runs and evaluations made with other code
+   (bfspo/pipeline/stale.py); and the line naming the Slurm keys left to the cluster.
 
 A config that fails 1-3 stops there (nothing after can be planned); 4 and 5 are all reported.
 `Plan.problems` holds the refusals, each after the config file's name; an empty list: the plan
