@@ -22,8 +22,8 @@ seconds per optimizer step (`timing/step_s`) and its parts: rollout (on vLLM it 
 rescoring, the training side's forwards over the samples: `rescore s`), old log-probs (0: they come
 with the rollout), update (on vLLM it includes the engine's sleep, wake-up and weight sync); then
 generation rounds, questions and chains generated, tokens generated (every token the engine generated),
-questions and tokens aborted (of those, the trees a streamed step dropped: begun after its batch's
-prefix in the draw order; 0 in lockstep), tokens trained (per chain, flat), the same per chain trained,
+questions and tokens aborted (of those, the trees a step dropped: drawn after its batch's prefix in
+the draw order, their questions given back), tokens trained (per chain, flat), the same per chain trained,
 and unique (tree-packed, what the update forwards), tokens generated per token trained (packed), the
 questions asked (generated, and on vLLM aborted), the ask rate used and the keep rate seen.
 The table gives per engine, arm and rule the median over rounds; per engine and rule the paired ratio

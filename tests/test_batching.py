@@ -127,7 +127,7 @@ def test_the_old_sampling_leaves_dapo_short_at_84_percent():
 
 class Tree:
     def __init__(self, chains, keep=True):
-        self.chains, self.keep = chains, keep
+        self.chains, self.keep, self.n_tokens = chains, keep, 10 * chains
 
     def leaves(self):
         return list(range(self.chains))
@@ -165,6 +165,21 @@ def test_select_is_first_fit_of_whole_trees():
     assert [t.chains for t in batching.select(trees, 64)] == [20, 20, 16, 8]
     assert [t.chains for t in batching.select([Tree(40), Tree(8)], 32)] == [40]  # larger than the batch: alone
     assert batching.select([], 32) == []
+
+
+def test_a_lockstep_fill_is_cut_to_its_batch_prefix():
+    """Issue 47: the trees drawn after the one that fills the batch are dropped (their questions go
+    back to the data order), the batch unchanged; a short batch keeps every tree."""
+    trees = [Tree(16), Tree(16, keep=False), Tree(20), Tree(16), Tree(8), Tree(16), Tree(16, keep=False)]
+    kept = [t for t in trees if t.keep]
+    filled = batching.Filled(kept=kept, generated=trees, rounds=2)
+    cut = batching.prefix(filled, 32)  # 16, then 20 overflows, then 16: full at the fourth tree
+    assert cut.generated == trees[:4] and cut.kept == [trees[0], trees[2], trees[3]] and cut.rounds == 2
+    assert cut.aborted == 3 and cut.aborted_tokens == 10 * (8 + 16 + 16)
+    assert batching.select(cut.kept, 32) == batching.select(kept, 32) == [trees[0], trees[3]]
+    assert batching.prefix(filled, 200) is filled
+    stats = batching.batch_stats(cut, batching.select(cut.kept, 32), 32)
+    assert stats["questions_asked"] == 7 and stats["questions_generated"] == 4
 
 
 def test_batch_stats_and_merge_over_ranks():
@@ -416,28 +431,35 @@ def test_a_streamed_step_trains_the_same_trees_under_both_sampling_rules(seed):
     assert started[1.0] <= started[1.4] <= started[2.0] <= started[None] and started[1.0] < started[None]
 
 
-def test_a_lockstep_step_trains_the_same_trees_where_both_rules_fill_in_their_first_round():
-    """Issue 47, lockstep with per-request seeds (vLLM's: a sample depends on its round and place in
-    it, `keys`): a first round that asks fewer questions builds the first trees of the fixed rule's
-    round, so wherever it fills the batch, the batch is the fixed rule's. Over random steps with the
-    keep rate the rule estimates, most fill in the first round; those that do not ask again."""
-    same = again = 0
+def test_a_lockstep_step_trains_the_same_trees_under_both_sampling_rules():
+    """Issue 47, lockstep: a tree is the data order's (its question, and its samples' seeds, follow
+    its place in the step's draw order, whatever round draws it), and a step consumes its batch's
+    prefix only (`prefix`). So at every rate between 1x and oversample the batch and the questions
+    consumed are the fixed rule's, whether the smaller first round fills the batch or later rounds
+    do; the lower rates draw fewer questions in all."""
+    rounds, drawn_fixed, drawn_1x = set(), 0, 0
     for seed in range(40):
         rng = np.random.default_rng(seed)
-        verdicts = [bool(v) for v in rng.random(64) < 0.5]
+        verdicts = [bool(v) for v in rng.random(200) < rng.uniform(0.3, 0.9)]
 
-        def generate(n, round_, verdicts=verdicts):  # the trees of round 0 are the data order's first ones
-            out = [type("T", (), {"i": (round_, i), "keep": verdicts[i] if round_ == 0 else True,
-                                  "leaves": lambda self: [0] * 8})() for i in range(n)]
-            return out
-        fixed = batching.fill(generate, lambda t: t.keep, target=64, chains_per_question=8, rate=3.0, max_rounds=10)
-        assert fixed.rounds == 1, "the fixed rule fills in its first round in this test"
-        rate = batching.ask_rate("keep_rate", batching.KeepRate(kept=1.0, asked=2.0), 3.0)
-        new = batching.fill(generate, lambda t: t.keep, target=64, chains_per_question=8, rate=rate, max_rounds=10)
-        assert len(new.generated) < len(fixed.generated) or new.rounds > 1
-        if new.rounds == 1:
-            same += 1
-            assert [t.i for t in batching.select(new.kept, 64)] == [t.i for t in batching.select(fixed.kept, 64)]
-        else:
-            again += 1
-    assert same and again
+        def rollout(rate, verdicts=verdicts):
+            drawn = []
+
+            def generate(n, round_):
+                out = [Tree(8, keep=verdicts[len(drawn) + i]) for i in range(n)]
+                for i, tree in enumerate(out):
+                    tree.place = len(drawn) + i
+                drawn.extend(out)
+                return out
+            filled = batching.prefix(batching.fill(generate, lambda t: t.keep, target=64, chains_per_question=8,
+                                                   rate=rate, max_rounds=10), 64)
+            rounds.add(filled.rounds)
+            return ([t.place for t in filled.generated], [t.place for t in batching.select(filled.kept, 64)]), len(drawn)
+        fixed, most = rollout(3.0)
+        assert len(fixed[1]) == 8
+        for rate in (2.0, 1.4, 1.0):
+            same, _ = rollout(rate)
+            assert same == fixed
+        drawn_fixed += most
+        drawn_1x += rollout(1.0)[1]
+    assert 1 in rounds and max(rounds) > 1 and drawn_1x < drawn_fixed

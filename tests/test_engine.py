@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bfspo.errors import BfspoError
 from bfspo.rollout import make_engine
-from bfspo.rollout.base import Completion
+from bfspo.rollout.base import Completion, request_seed, stream_uniforms
 from bfspo.rollout.hf_engine import TransformersEngine, logprobs_and_entropy, rollout_mode, sample_next
 
 TEXTS = ["Tom has 3 apples.", "A shop sells 12 pens a day for 5 days. 12 * 5 = 60. So the answer is", "Let x"]
@@ -219,15 +220,61 @@ def test_logprobs_and_entropy_do_not_modify_their_input():
         torch.testing.assert_close(entropy, -(ref.exp() * ref).sum(-1))
 
 
-def test_top_p_samples_only_from_the_nucleus():
+@pytest.mark.parametrize("seeded", [True, False], ids=["own-draws", "global-generator"])
+def test_top_p_samples_only_from_the_nucleus(seeded):
     logp = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().repeat(4000, 1)
-    draws = sample_next(logp, 1.0, 0.6, torch.Generator().manual_seed(0))
-    counts = torch.bincount(draws, minlength=4).float() / len(draws)
+    torch.manual_seed(0)
+
+    def draws():
+        return torch.from_numpy(stream_uniforms(np.arange(4000, dtype=np.uint64), 3)) if seeded else None
+    counts = torch.bincount(sample_next(logp, 1.0, 0.6, draws()), minlength=4).float() / 4000
     assert counts[2] == counts[3] == 0  # 0.5 + 0.3 reaches top_p = 0.6: the rest is cut
     assert abs(counts[0] - 0.5 / 0.8) < 0.03
-    temp = torch.bincount(sample_next(logp, 2.0, 1.0, torch.Generator().manual_seed(0)), minlength=4).float() / 4000
+    temp = torch.bincount(sample_next(logp, 2.0, 1.0, draws()), minlength=4).float() / 4000
     expected = torch.softmax(logp[0] / 2.0, -1)
     assert (temp - expected).abs().max() < 0.03
+
+
+def test_a_draw_takes_the_token_where_it_falls_in_the_cumulative_distribution():
+    """Inverse transform sampling: token i for a draw u with F(i - 1) <= u < F(i), never a token of
+    probability 0 (here token 1, cut by nothing but its own zero mass)."""
+    logp = torch.tensor([0.25, 0.0, 0.5, 0.25]).log().repeat(6, 1)
+    u = torch.tensor([0.0, 0.2499, 0.25, 0.7499, 0.75, 0.999999], dtype=torch.float64)
+    assert sample_next(logp, 1.0, 1.0, u).tolist() == [0, 0, 2, 2, 3, 3]
+
+
+def splitmix64(seed: int, index: int) -> float:
+    """The reference splitmix64 in Python integers (mod 2^64 by hand): draw `index` of stream `seed`."""
+    mask = (1 << 64) - 1
+    z = (seed + (index + 1) * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return ((z ^ (z >> 31)) >> 11) / 2 ** 53
+
+
+def test_stream_uniforms_are_splitmix64_and_uniform():
+    seeds = [0, 1, 2 ** 62 - 1, request_seed(7, 3, 1, 2)]
+    for index in (0, 1, 159):
+        assert stream_uniforms(np.array(seeds, dtype=np.uint64), index).tolist() == \
+            [splitmix64(s, index) for s in seeds]
+    u = stream_uniforms(np.array([request_seed(0, i) for i in range(20000)], dtype=np.uint64), 5)
+    assert abs(u.mean() - 0.5) < 0.01 and u.min() >= 0 and u.max() < 1
+    assert np.histogram(u, bins=10, range=(0, 1))[0].min() > 1800  # 2000 expected per tenth
+
+
+def test_a_sample_does_not_depend_on_the_other_contexts_of_its_call(model, tokenizer, contexts):
+    """Issue 47: sample j of a context is seeded by the context's place (`keys`) and j, so a context
+    sampled alone, or beside other contexts in chunks of another size, gets the same tokens, and its
+    log-probs to the rounding of batched logits."""
+    together = TransformersEngine(model, tokenizer, batch_size=64).generate(
+        contexts, 4, 16, seed=7, keys=[(10,), (11,), (12,)])
+    for i, ctx in enumerate(contexts):
+        alone = TransformersEngine(model, tokenizer, batch_size=4).generate([ctx], 4, 16, seed=7, keys=[(10 + i,)])[0]
+        assert [c.token_ids for c in alone] == [c.token_ids for c in together[i]]
+        for a, b in zip(alone, together[i]):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    moved = TransformersEngine(model, tokenizer).generate(contexts, 4, 16, seed=7, keys=[(11,), (10,), (12,)])
+    assert [c.token_ids for c in moved[0]] != [c.token_ids for c in together[0]]  # the place, not the position
 
 
 def test_bad_arguments(model, tokenizer, contexts):

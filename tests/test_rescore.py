@@ -116,7 +116,7 @@ def test_packed_rescoring_equals_one_row_per_context(policy, monkeypatch, padded
     """Issue 38: contexts share rows (first fit, as the update's trees), and each context's log-probs
     and entropies equal those of a row of its own to 1e-5; padded to bucket lengths (as the flex
     kernel's rows are; here with the blockwise kernel, whose numbers padding does not change), the
-    shared rows hold at most one bucket of padding each, where a row per context held one per context."""
+    shared rows hold at most one bucket of padding each, and no more in all than a row per context."""
     model, tok = policy
     model.eval()
     engine = TopKOnly(TransformersEngine(model, tok))
@@ -140,7 +140,7 @@ def test_packed_rescoring_equals_one_row_per_context(policy, monkeypatch, padded
     assert shared["tokens"] == own["tokens"] and shared["gap_count"] == own["gap_count"]
     if padded:
         assert 0 <= shared["row_tokens"] - shared["tokens"] < shared["rows"] * step
-        assert own["row_tokens"] - own["tokens"] > shared["row_tokens"] - shared["tokens"]
+        assert own["row_tokens"] - own["tokens"] >= shared["row_tokens"] - shared["tokens"]
     else:
         assert shared["row_tokens"] == shared["tokens"]
 

@@ -650,7 +650,8 @@ def test_a_resumed_run_samples_at_the_keep_rate_an_uninterrupted_one_would(tiny_
         run.step += 1
         rows.append(run.rollout()[2])
     assert rows[0]["ask_rate"] == 60.0 and math.isnan(rows[0]["keep_rate_est"])
-    assert rows[0]["questions_asked"] == rows[0]["questions_generated"] >= math.ceil(60.0 * 16 / 4)
+    assert rows[0]["questions_asked"] >= math.ceil(60.0 * 16 / 4)  # the prefix's, then those given back
+    assert rows[0]["questions_asked"] == rows[0]["questions_generated"] + rows[0]["questions_aborted"]
     assert rows[0]["keep_rate"] == rows[0]["chains_kept"] / (4 * rows[0]["questions_generated"])
     assert rows[1]["keep_rate_est"] == rows[0]["keep_rate"]
     keep = rows[0]["keep_rate"]
@@ -665,3 +666,49 @@ def test_a_resumed_run_samples_at_the_keep_rate_an_uninterrupted_one_would(tiny_
     assert fixed.rollout()[2]["ask_rate"] == 60.0
     assert (batching.ask_rate("keep_rate", resumed.keep_rate, 60.0)
             == batching.ask_rate("keep_rate", run.keep_rate, 60.0) == pytest.approx(1 / run.keep_rate.value))
+
+
+def same_to_rounding(a, b, tol: float = 1e-4) -> bool:
+    """Two JSON values equal but for floats within `tol` (log-probs and entropies of batched logits)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= tol
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_to_rounding(a[k], b[k], tol) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(same_to_rounding(x, y, tol) for x, y in zip(a, b))
+    return a == b
+
+
+def test_a_lockstep_run_trains_the_same_trees_under_both_sampling_rules(tmp_path_factory, answer_three_data):
+    """Issue 47 on the transformers engine: three lockstep steps at one seed under `sampling: fixed`
+    (oversample 8 at every step) and `sampling: keep_rate` (8 at step 1, then 1 / the keep rate seen):
+    the same trees at every step (question ids, tokens, rewards, advantages; log-probs and entropies to
+    the rounding of the engine's batched logits), since each sample is seeded by its tree's place in the
+    step's draw order and each step gives back the questions drawn after its batch's prefix."""
+    from bfspo.training.config import TrainConfig
+    from bfspo.training.trainer import Trainer
+    from tests.test_vllm_engine import build_model_dir
+
+    model_dir = build_model_dir(tmp_path_factory.mktemp("answering_model"), answering=True)[0]
+    runs, rows = {}, {}
+    for rule in ("fixed", "keep_rate"):
+        cfg = TrainConfig(model=str(model_dir), train_data=str(answer_three_data), benchmark="gsm8k_train",
+                          engine="transformers", k=1, group_size=4, filter="first_samples", budget=24, train_batch=16,
+                          mini_batch=8, oversample=8.0, sampling=rule, lr=1e-2, threads=1, seed=3, steps=3,
+                          save_every=3, log_trees=-1, wandb_mode="disabled")
+        trainer = Trainer(cfg, tmp_path_factory.mktemp(rule))
+        trainer.fit()
+        runs[rule] = trainer.run_dir
+        rows[rule] = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    for step in (1, 2, 3):
+        trees = [[json.loads(line) for line in (run / "trees" / f"step_{step:05d}.jsonl").read_text().splitlines()]
+                 for run in runs.values()]
+        for tree in trees[0] + trees[1]:
+            tree["meta"].pop("round")  # the round that drew a tree is the rule's; the tree is not
+        assert trees[0] and same_to_rounding(trees[0], trees[1]), f"step {step}: the trees differ"
+    assert all(r["rollout/batch_full"] == 1 for rule in rows for r in rows[rule])
+    assert [r["rollout/ask_rate"] for r in rows["fixed"]] == [8.0] * 3
+    assert rows["keep_rate"][1]["rollout/ask_rate"] < 8.0
+    assert [r["train/questions_seen"] for r in rows["fixed"]] == [r["train/questions_seen"] for r in rows["keep_rate"]]
+    assert sum(r["rollout/questions_asked"] for r in rows["keep_rate"][1:]) < \
+        sum(r["rollout/questions_asked"] for r in rows["fixed"][1:])

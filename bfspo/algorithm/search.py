@@ -28,7 +28,8 @@ Conventions (docs/algorithm.md):
 * Expansion: G continuations of q + o_{1..t*} with max_new_tokens = budget - depth(t*), so every
   path stays within the budget; w^b then has G+1 children.
 * Round r uses seed + r when a seed is given (round 0 is line 2); the context of tree i in round r
-  has the place (i, r), from which engines that seed each request derive its seed.
+  has the place (first_place + i, r), from which the engines derive each sample's seed, so a tree's
+  samples depend on its place, not on the other trees of the call.
 """
 
 from __future__ import annotations
@@ -161,16 +162,17 @@ def grow(tree: SearchTree, expansion: Expansion, completions: Sequence, score: S
 
 def build_trees(engine, prompts: Sequence[Sequence[int]], scorers: Sequence[Scorer], *, group_size: int, k: int,
                 budget: int, selection: str = "bfs", temperature: float = 1.0, top_p: float = 1.0,
-                seed: int | None = None, filter: str = "all_leaves") -> list[SearchTree]:
+                seed: int | None = None, filter: str = "all_leaves", first_place: int = 0) -> list[SearchTree]:
     """Algorithm 1 for every prompt at once, in lockstep: one tree per prompt, K+1 batched engine
     calls at most (bfspo.rollout.streamed runs the same per-tree steps without the lockstep).
 
     `scorers[i](path_token_ids) -> bool` is the verifier v(o, a*) of question i, called with the
     generated tokens of each new complete path. `engine` follows bfspo.rollout.base.RolloutEngine;
-    the context of tree i at iteration `it` has the place (i, it) (`keys`), which engines that seed
-    each request use for its seed. With `filter="first_samples"`, a tree that fails the filter on its
-    G first answers is not expanded (`stopped` names the filter); "all_leaves" expands every tree
-    and filters afterwards.
+    the context of tree i at iteration `it` has the place (first_place + i, it) (`keys`), from which
+    the engines seed its samples: the trainer numbers a step's trees in draw order across its
+    generation rounds, as the streamed search does. With `filter="first_samples"`, a tree that fails
+    the filter on its G first answers is not expanded (`stopped` names the filter); "all_leaves"
+    expands every tree and filters afterwards.
     """
     check_search_args(group_size, k, budget, selection, filter)
     if len(scorers) != len(prompts):
@@ -186,14 +188,15 @@ def build_trees(engine, prompts: Sequence[Sequence[int]], scorers: Sequence[Scor
             raise ValueError("the engine must return group_size completions per context")
         return out
 
-    first = sample([t.prompt_ids for t in trees], budget, 0, [(i, 0) for i in range(len(trees))])
+    first = sample([t.prompt_ids for t in trees], budget, 0, [(first_place + i, 0) for i in range(len(trees))])
     for tree, score, comps in zip(trees, scorers, first):
         plant(tree, comps, score, k, filter)
     for it in range(1, k + 1):
         todo = [(i, e) for i, tree in enumerate(trees) if (e := next_expansion(tree, it, k, selection)) is not None]
         if not todo:
             break
-        out = sample([e.context for _, e in todo], [e.max_new for _, e in todo], it, [(i, it) for i, _ in todo])
+        out = sample([e.context for _, e in todo], [e.max_new for _, e in todo], it,
+                     [(first_place + i, it) for i, _ in todo])
         for (i, e), comps in zip(todo, out):
             grow(trees[i], e, comps, scorers[i])
     return trees

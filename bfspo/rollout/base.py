@@ -12,7 +12,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from bfspo.errors import BfspoError
+
+
+def request_seed(seed: int, *place: int) -> int:
+    """The seed of the sample at `place` (a search tree's question, iteration and child) of work
+    seeded `seed`: a hash of all, so that no two samples share a random stream (plain seed + index
+    would give neighbouring places, and consecutive seeds, the same streams shifted). 62 bits."""
+    return int(np.random.SeedSequence([seed, *place]).generate_state(1, np.uint64)[0] >> np.uint64(2))
+
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def stream_uniforms(seeds: np.ndarray, index: int) -> np.ndarray:
+    """Draw `index` (0, 1, ...) of the random stream of each seed, uniform in [0, 1), as float64: the
+    splitmix64 generator (Steele, Lea and Flood, 2014), whose draw i of seed s is a fixed mix of
+    s + (i + 1) * GOLDEN. A draw depends on its seed and index only, so a sample's noise does not
+    depend on which other samples share its batch; uint64 arithmetic wraps the same on every CPU."""
+    with np.errstate(over="ignore"):
+        z = np.asarray(seeds, dtype=np.uint64) + np.uint64(index + 1) * GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
 @dataclass

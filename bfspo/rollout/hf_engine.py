@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 
-from bfspo.rollout.base import Completion, Occupancy, check_sampling_args, eos_token_ids, per_context_budgets
+from bfspo.rollout.base import (Completion, Occupancy, check_sampling_args, eos_token_ids, per_context_budgets,
+                                request_seed, stream_uniforms)
 
 
 def logprobs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,12 +26,14 @@ def logprobs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return logp, entropy
 
 
-def sample_next(logp: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator | None) -> torch.Tensor:
+def sample_next(logp: torch.Tensor, temperature: float, top_p: float, uniforms: torch.Tensor | None) -> torch.Tensor:
     """Draw one token per row from softmax(logp / temperature) restricted to the top-p nucleus.
 
     Temperature 0 is greedy (argmax). The nucleus keeps the most probable tokens whose cumulative
-    mass before them is below top_p, so it always holds at least the argmax.
+    mass before them is below top_p, so it always holds at least the argmax. With `uniforms` (one
+    draw in [0, 1) per row) a row takes the token where its draw falls in the cumulative
+    distribution (inverse transform sampling, in float64), so its token depends on its own draw
+    and logits only; without, torch's global generator draws them.
     """
     if temperature == 0:
         return logp.argmax(dim=-1)
@@ -38,7 +42,11 @@ def sample_next(logp: torch.Tensor, temperature: float, top_p: float,
         sorted_p, order = probs.sort(dim=-1, descending=True)
         outside = sorted_p.cumsum(dim=-1) - sorted_p >= top_p
         probs = probs.scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if uniforms is None:
+        return torch.multinomial(probs, 1).squeeze(-1)
+    cdf = probs.double().cumsum(dim=-1)
+    where = (uniforms.to(cdf) * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, where, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 @contextmanager
@@ -65,6 +73,7 @@ class TransformersEngine:
     (a copy, no recompute) for its n continuations, which a lean decode loop extends one token at
     a time. Contexts are left-padded, with an attention mask and per-row position ids. Rows stop at
     EOS or at their context's budget and leave the batch, so short rows cost nothing after they end.
+    Given a seed, each sample draws from its own random stream (`generate`).
 
     batch_size: the most sequences (contexts x n) decoded at once; the n continuations of one
       context always run together, even when n > batch_size.
@@ -95,29 +104,32 @@ class TransformersEngine:
         """Nothing to take back (see `sleep`)."""
 
     def generate(self, contexts, n, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None, keys=None):
-        """The whole call samples from one generator seeded `seed`; `keys` are not used (a sample
-        depends on the call's other contexts)."""
+        """n samples of every context, each seeded by its place: sample j of context i draws from
+        the stream of `request_seed(seed, *keys[i], j)` (keys default (i,)), as vLLM's per-request
+        seeds do, so a sample does not depend on which other contexts share the call (to the
+        rounding of batched logits). No seed: torch's global generator."""
         check_sampling_args(contexts, n, temperature, top_p)
         budgets = per_context_budgets(max_new_tokens, len(contexts))
+        keys = [(i,) for i in range(len(contexts))] if keys is None else [tuple(k) for k in keys]
+        if len(keys) != len(contexts):
+            raise ValueError(f"{len(keys)} keys for {len(contexts)} contexts")
         results: list[list[Completion]] = [[Completion([], [], [], False) for _ in range(n)] for _ in contexts]
         device = next(self.model.parameters()).device
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=device)
-            generator.manual_seed(seed)
         # Longest first, so each chunk holds contexts of similar length (little padding).
         todo = sorted((i for i in range(len(contexts)) if budgets[i] > 0), key=lambda i: -len(contexts[i]))
         per_chunk = max(1, self.batch_size // n)
         with rollout_mode(self.model):
             for start in range(0, len(todo), per_chunk):
                 chunk = todo[start:start + per_chunk]
+                seeds = None if seed is None or temperature == 0 else \
+                    np.array([request_seed(seed, *keys[i], j) for i in chunk for j in range(n)], dtype=np.uint64)
                 done = self._generate_chunk([contexts[i] for i in chunk], [budgets[i] for i in chunk], n,
-                                            temperature, top_p, generator, device)
+                                            temperature, top_p, seeds, device)
                 for i, completions in zip(chunk, done):
                     results[i] = completions
         return results
 
-    def _generate_chunk(self, contexts, budgets, n, temperature, top_p, generator, device):
+    def _generate_chunk(self, contexts, budgets, n, temperature, top_p, seeds, device):
         from transformers import DynamicCache
 
         lengths = torch.tensor([len(c) for c in contexts], device=device)
@@ -146,12 +158,14 @@ class TransformersEngine:
         while True:
             self.occupancy.record(1, len(seq))
             logp, entropy = logprobs_and_entropy(logits)
-            tokens = sample_next(logp, temperature, top_p, generator)
+            rows = seq.tolist()
+            draws = None if seeds is None else torch.from_numpy(stream_uniforms(seeds[rows], step))
+            tokens = sample_next(logp, temperature, top_p, draws)
             token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
             step += 1
             stopped_eos = torch.isin(tokens, eos)
             stop = stopped_eos | (limit[seq] <= step)
-            for s, t, lp, h, fin in zip(seq.tolist(), tokens.tolist(), token_logp.tolist(), entropy.tolist(),
+            for s, t, lp, h, fin in zip(rows, tokens.tolist(), token_logp.tolist(), entropy.tolist(),
                                         stopped_eos.tolist()):
                 out_tokens[s].append(t)
                 out_logprobs[s].append(lp)

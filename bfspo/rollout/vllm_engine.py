@@ -48,11 +48,11 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 
 from bfspo.errors import BfspoError
 from bfspo.model_io import check_adapter, load_config
-from bfspo.rollout.base import Completion, Occupancy, check_sampling_args, eos_token_ids, per_context_budgets
+from bfspo.rollout.base import (Completion, Occupancy, check_sampling_args, eos_token_ids, per_context_budgets,
+                                request_seed)
 
 GIB = 1 << 30
 
@@ -79,12 +79,6 @@ def platform_options(is_cpu: bool, model_path: str, max_model_len: int | None, g
     return dict(kv_cache_memory_bytes=int(cpu_kv_cache_gib * GIB), enable_chunked_prefill=False,
                 max_num_batched_tokens=max(max_model_len, 8192))
 
-
-def request_seed(seed: int, *place: int) -> int:
-    """The seed of the sample at `place` (a search tree's question, iteration and child) of work
-    seeded `seed`: a hash of all, so that no two samples share a random stream (plain seed + index
-    would give neighbouring places, and consecutive seeds, the same streams shifted). 62 bits."""
-    return int(np.random.SeedSequence([seed, *place]).generate_state(1, np.uint64)[0] >> np.uint64(2))
 
 
 def launch_options() -> dict:

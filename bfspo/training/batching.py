@@ -9,10 +9,11 @@ repeat until the batch is full or `max_rounds` are spent. How many more is the s
 (`SAMPLINGS`, `ask_rate`): "fixed" asks `oversample` times the need, as verl's DAPO recipe does;
 "keep_rate" asks for the questions the batch will keep, at the keep rate seen so far in the run
 (`KeepRate`), between 1x the need and `oversample`. Which questions are drawn, in which order, is
-the data order under either rule: the rule sets only how many. Kept trees beyond the batch are
-discarded, as verl discards its surplus prompts. On one streamed engine loop (`fill_streamed`) there
-are no rounds, and the batch is taken in the order the questions were drawn, whatever order their
-trees finish in.
+the data order under either rule: the rule sets only how many. The batch is taken in the order
+the questions were drawn; the trees drawn after the last one it takes are dropped and their
+questions go back to the data order (`prefix`), so that the next step starts where this one's
+batch ended, whatever the rule asked for. On one streamed engine loop (`fill_streamed`) there are
+no rounds, and the batch is taken in draw order whatever order the trees finish in.
 """
 
 from __future__ import annotations
@@ -130,6 +131,21 @@ def fill(generate: Callable[[int, int], list], keep: Callable[[object], bool], t
         have = sum(tree_chains(t) for t in select(out.kept, target))
         out.rounds += 1
     return out
+
+
+def prefix(filled: Filled, target: int) -> Filled:
+    """A lockstep `fill` cut to its batch's prefix, as `fill_streamed` cuts its own: the trees up to
+    the one with which `select` fills `target` chains, in draw order; the trees after it are counted
+    in `aborted` and `aborted_tokens`, for the caller to give their questions back to the data
+    order. `select` over the prefix's kept trees is the batch itself. A batch left short keeps
+    every tree."""
+    batch = select(filled.kept, target)
+    if sum(tree_chains(t) for t in batch) < target:
+        return filled
+    last = next(i for i, t in enumerate(filled.generated) if t is batch[-1])
+    generated, dropped = filled.generated[:last + 1], filled.generated[last + 1:]
+    return Filled(kept=[t for t in filled.kept if any(t is g for g in generated)], generated=generated,
+                  rounds=filled.rounds, aborted=len(dropped), aborted_tokens=sum(t.n_tokens for t in dropped))
 
 
 def fill_streamed(search, add: Callable[[], None], keep: Callable[[object], bool], target: int,

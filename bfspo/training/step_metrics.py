@@ -11,8 +11,8 @@ One row goes both to metrics.jsonl and to W&B, with the same keys:
   questions would hold fully expanded, `keep_rate_est`, the run's estimate of it before the step, and
   `ask_rate`, the questions asked per question needed that the step used: bfspo.training.batching
   `ask_rate`) and token counts (`tokens_generated`, every token the engine generated,
-  `tokens_aborted` of them on trees a streamed step dropped: bfspo.training.batching.fill_streamed,
-  with `questions_aborted`); the engine's occupancy (the mean sequences it decoded per
+  `tokens_aborted` of them on trees a step dropped after its batch's prefix: bfspo.training.batching
+  `prefix` and `fill_streamed`, with `questions_aborted`); the engine's occupancy (the mean sequences it decoded per
   engine step over the most it can, vLLM's max_num_seqs or the transformers engine's
   rollout_batch_size) and its engine steps;
 - `tree/`: depth, backtracks and their depth, branching nodes and the tied ones (children with

@@ -171,22 +171,26 @@ class Trainer:
 
     # --- one step -------------------------------------------------------------------------------
 
-    def round_seed(self, round_: int) -> int:
-        """The search seed of this step's generation round `round_` on this rank."""
-        return ((self.cfg.seed * 1_000_003 + self.step) * 64 + round_) * 1024 + self.rank * 128
+    def step_seed(self) -> int:
+        """The search seed of this step on this rank; its trees' samples are seeded by it and their
+        places in the step's draw order (bfspo.algorithm.search)."""
+        return (self.cfg.seed * 1_000_003 + self.step) * 65536 + self.rank * 128
 
     def label(self, q: Question, tree, round_: int) -> None:
         """Record in the tree's meta where it comes from: its question, step, round and rank."""
         tree.meta.update(question_id=q.id, step=self.step, round=round_, rank=self.rank)
 
-    def generate(self, n: int, round_: int) -> list:
-        """The scored trees (Algorithm 1) of the next n questions, in one generation round (`batching.fill`)."""
+    def generate(self, n: int, round_: int, start: int) -> list:
+        """The scored trees (Algorithm 1) of the next n questions, in one generation round (`batching.fill`)
+        of the step whose questions start at data cursor `start`: each tree is seeded by its place in
+        the step's draw order, so that it does not depend on the round that drew it."""
         cfg = self.cfg
+        first_place = self.cursors[self.rank] - start
         qs = self.next_questions(n)
         trees = build_trees(self.engine, [q.prompt_ids for q in qs], [self.scorer(q) for q in qs],
                             group_size=cfg.group_size, k=cfg.k, budget=cfg.budget, selection=cfg.selection,
-                            temperature=cfg.temperature, top_p=cfg.top_p, seed=self.round_seed(round_),
-                            filter=cfg.filter)
+                            temperature=cfg.temperature, top_p=cfg.top_p, seed=self.step_seed(),
+                            filter=cfg.filter, first_place=first_place)
         for q, tree in zip(qs, trees):
             self.label(q, tree, round_)
         return trees
@@ -207,19 +211,21 @@ class Trainer:
         self.engine.pop_occupancy()  # drop what validation's calls counted
         keep = functools.partial(keep_tree, filter=cfg.filter)
         rate = batching.ask_rate(cfg.sampling, self.keep_rate, cfg.oversample)
+        start = self.cursors[self.rank]
         if self.rollout_kind == "streamed":
             search = StreamedSearch(self.engine, group_size=cfg.group_size, k=cfg.k, budget=cfg.budget,
                                     selection=cfg.selection, temperature=cfg.temperature, top_p=cfg.top_p,
-                                    seed=self.round_seed(0), filter=cfg.filter)
-            start = self.cursors[self.rank]
+                                    seed=self.step_seed(), filter=cfg.filter)
             filled = batching.fill_streamed(search, functools.partial(self.add_question, search), keep, target,
                                             cfg.chains_per_question, cfg.oversample, cfg.max_gen_rounds, rate)
-            # The step consumes the questions of its prefix only: those of the trees it dropped go back to
-            # the data order, so that the next step's questions do not depend on the engine's timing either.
-            self.cursors[self.rank] = start + len(filled.generated)
         else:
-            filled = batching.fill(self.generate, keep, target, cfg.chains_per_question, rate, cfg.max_gen_rounds,
-                                   agree=dist.any_rank)
+            filled = batching.prefix(batching.fill(functools.partial(self.generate, start=start), keep, target,
+                                                   cfg.chains_per_question, rate, cfg.max_gen_rounds,
+                                                   agree=dist.any_rank), target)
+        # The step consumes the questions of its batch's prefix only: those of the trees it dropped go back
+        # to the data order, so that the next step's questions depend neither on the engine's timing nor
+        # on how many questions the sampling rule asked for.
+        self.cursors[self.rank] = start + len(filled.generated)
         for tree in filled.generated:
             assign_rewards(tree, overlong=cfg.overlong, window=cfg.overlong_window)
             assign_advantages(tree, cfg.advantage)
