@@ -186,9 +186,12 @@ def _rows(prefix: str) -> str:
 
 
 def _train(model, data, out, **overrides) -> int:
+    """One step of `bfspo train`; `filter: none` keeps every group, so that the step trains whatever the
+    tiny model's samples (at a seed where all its groups are all wrong, dynamic sampling would keep none)."""
     from bfspo.cli import main
 
     values = dict(model=model, train_data=data, benchmark="gsm8k_train", k=0, group_size=4, budget=10, steps=1,
+                  filter="none",
                   train_batch=8, mini_batch=8, lr=1e-2, log_trees=-1, max_empty_steps=50, threads=1,
                   wandb_mode="disabled") | overrides
     return main(["train", "--output-dir", str(out), "--set", *[f"{k}={v}" for k, v in values.items()]])

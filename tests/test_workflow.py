@@ -778,13 +778,13 @@ def breakdown_at_ci_size(cfg):
     """The breakdown study at CI size: the test-size toy model, 2 seeds, 2 steps, 16 evaluation
     questions, G = 4 and batches of 16 chains in mini-batches of 8; arm d G = 8 (one group per
     optimizer step); arm e two 16-chain trees per batch and per optimizer step (the test model is
-    right 5% of the time, too rarely for G = 2 groups to mix); verl's oversampling of 3x, so that
-    groups of 4 from that model fill every batch."""
+    right 5% of the time, too rarely for G = 2 groups to mix, and at some seeds 1%); verl's oversampling
+    of 3x and up to 30 rounds, so that groups of 4 from that model fill every batch."""
     cfg["toy"].update(size="test", n_train=2000, n_rl=64, n_eval=16, build=True)  # the test-size model, not the shipped one
     cfg["toy"]["questions"].update(n_rl=64, n_eval=16)
     cfg["seeds"] = [0, 1]
     cfg["wandb"]["report"] = False
-    cfg["train"].update(steps=2, group_size=4, train_batch=16, mini_batch=8, oversample=3.0)
+    cfg["train"].update(steps=2, group_size=4, train_batch=16, mini_batch=8, oversample=3.0, max_gen_rounds=30)
     cfg["methods"]["dapo-g32"]["train"].update(group_size=8)
     cfg["methods"]["bfspo-4q"]["train"].update(group_size=4, train_batch=32, mini_batch=32)
 

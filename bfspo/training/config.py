@@ -336,9 +336,6 @@ class TrainConfig:
             raise BfspoError("config: group_size 1 with k 0 gives each question a single answer, which dynamic "
                              "sampling always filters out (it keeps a group only if some but not all answers are "
                              "right); use group_size >= 2 or k >= 1")
-        if self.max_gen_rounds > 64:
-            raise BfspoError(f"config: max_gen_rounds must be at most 64 (the rollout seeds leave room for 64 "
-                             f"rounds per step), got {self.max_gen_rounds}")
 
     @property
     def chains_per_question(self) -> int:
