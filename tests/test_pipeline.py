@@ -247,7 +247,7 @@ def test_exponent_numbers_are_numbers(tmp_path):
     normalise_numbers(cfg)
     assert cfg["train"] == {"lr": 1e-4, "engine": "vllm"} and cfg["methods"]["a"]["train"]["weight_decay"] == 5e-3
     path = tmp_path / "c.yaml"
-    path.write_text((ROOT / "config/config.yaml").read_text().replace("\n  lr: 2.0e-3\n", "\n  lr: 1e-4\n"))
+    path.write_text((ROOT / "config/config.yaml").read_text().replace("\n  lr: 1.0e-3\n", "\n  lr: 1e-4\n"))
     assert load_config(path)["train"]["lr"] == 1e-4
 
 

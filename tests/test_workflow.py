@@ -153,8 +153,8 @@ def test_a_learning_rate_in_exponent_notation_is_a_number(tmp_path):
     """`lr: 1e-4` (YAML 1.1 reads a string) is accepted as the command line accepts it."""
     path = tmp_path / "config.yaml"
     text = (ROOT / "config/config.yaml").read_text()
-    assert "\n  lr: 2.0e-3\n" in text
-    path.write_text(text.replace("\n  lr: 2.0e-3\n", "\n  lr: 1e-4\n"))
+    assert "\n  lr: 1.0e-3\n" in text
+    path.write_text(text.replace("\n  lr: 1.0e-3\n", "\n  lr: 1e-4\n"))
     out = dry_run("-p", "--configfile", str(path))
     assert "lr=0.0001" in out
 
