@@ -99,9 +99,9 @@ class Filled:
     """What dynamic sampling produced for one batch (on one rank)."""
 
     kept: list = field(default_factory=list)  # trees with signal, in generation order
-    generated: list = field(default_factory=list)  # every generated tree (streamed: those of the batch's prefix)
+    generated: list = field(default_factory=list)  # the generated trees (after `prefix`: those of the batch's prefix)
     rounds: int = 0
-    aborted: int = 0  # trees started and dropped unused (streamed: after the batch's prefix)
+    aborted: int = 0  # trees started and dropped unused, after the batch's prefix
     aborted_tokens: int = 0  # the tokens generated for them
 
 
@@ -227,8 +227,8 @@ def select(kept: Sequence, target: int) -> list:
 
 
 def batch_stats(filled: Filled, batch: Sequence, target: int) -> dict:
-    """One rank's batch statistics: questions asked (streamed: those dropped after the batch's prefix
-    too), generated and kept, the chains of the kept trees, trees and chains trained on, the chains
+    """One rank's batch statistics: questions asked (those dropped after the batch's prefix too),
+    generated and kept, the chains of the kept trees, trees and chains trained on, the chains
     asked for, generation rounds, and whether the batch reached its `target` chains."""
     chains = sum(tree_chains(t) for t in batch)
     return {"questions_asked": len(filled.generated) + filled.aborted, "questions_generated": len(filled.generated),
