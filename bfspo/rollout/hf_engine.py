@@ -9,8 +9,15 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from bfspo.rollout.base import (Completion, Occupancy, check_sampling_args, eos_token_ids, per_context_budgets,
-                                request_seed, stream_uniforms)
+from bfspo.rollout.base import (
+    Completion,
+    Occupancy,
+    check_sampling_args,
+    eos_token_ids,
+    per_context_budgets,
+    request_seed,
+    stream_uniforms,
+)
 
 
 def logprobs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,11 +48,16 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-
 from bfspo.errors import BfspoError
 from bfspo.model_io import check_adapter, load_config
-from bfspo.rollout.base import (Completion, Occupancy, check_sampling_args, eos_token_ids, per_context_budgets,
-                                request_seed)
+from bfspo.rollout.base import (
+    Completion,
+    Occupancy,
+    check_sampling_args,
+    eos_token_ids,
+    per_context_budgets,
+    request_seed,
+)
 
 GIB = 1 << 30
 
