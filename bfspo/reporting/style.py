@@ -32,6 +32,17 @@ METHOD_COLOURS = {
     "bfspo-first": "#17becf",  # cyan
     "dapo-g32": "#393b79",  # navy: a DAPO
     "bfspo-4q": "#7b4173",  # plum
+    # the recipe sweep's settings (issue 44, config/toy-recipe.yaml): tab20b's darker shades
+    "dapo-win": "#5254a3",
+    "dapo-lr1": "#6b6ecf",
+    "dapo-b96m96": "#637939",
+    "dapo-b96m48": "#8ca252",
+    "dapo-b96m48-win": "#8c6d31",
+    "dapo-t07": "#bd9e39",
+    "dapo-m16": "#843c39",
+    "dapo-m16-lr1": "#a55194",
+    "bfspo-lr1": "#ad494a",
+    "bfspo-b96m48-win": "#ce6dbd",
 }
 MAX_LUMINANCE = 0.45  # a pool colour darker than this (WCAG relative luminance) shows as a line on white
 
