@@ -114,6 +114,14 @@ def per_context_budgets(max_new_tokens: Sequence[int] | int, n_contexts: int) ->
     return budgets
 
 
+def context_keys(keys: Sequence[Sequence[int]] | None, n_contexts: int) -> list[tuple[int, ...]]:
+    """Each context's place (`RolloutEngine.generate`'s `keys`), as tuples; default (i,) for context i."""
+    out = [(i,) for i in range(n_contexts)] if keys is None else [tuple(k) for k in keys]
+    if len(out) != n_contexts:
+        raise ValueError(f"{len(out)} keys for {n_contexts} contexts")
+    return out
+
+
 def check_sampling_args(contexts: Sequence[Sequence[int]], n: int, temperature: float, top_p: float) -> None:
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")

@@ -13,6 +13,7 @@ from bfspo.rollout.base import (
     Completion,
     Occupancy,
     check_sampling_args,
+    context_keys,
     eos_token_ids,
     per_context_budgets,
     request_seed,
@@ -117,9 +118,7 @@ class TransformersEngine:
         rounding of batched logits). No seed: torch's global generator."""
         check_sampling_args(contexts, n, temperature, top_p)
         budgets = per_context_budgets(max_new_tokens, len(contexts))
-        keys = [(i,) for i in range(len(contexts))] if keys is None else [tuple(k) for k in keys]
-        if len(keys) != len(contexts):
-            raise ValueError(f"{len(keys)} keys for {len(contexts)} contexts")
+        keys = context_keys(keys, len(contexts))
         results: list[list[Completion]] = [[Completion([], [], [], False) for _ in range(n)] for _ in contexts]
         device = next(self.model.parameters()).device
         # Longest first, so each chunk holds contexts of similar length (little padding).

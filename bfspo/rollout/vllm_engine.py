@@ -54,6 +54,7 @@ from bfspo.rollout.base import (
     Completion,
     Occupancy,
     check_sampling_args,
+    context_keys,
     eos_token_ids,
     per_context_budgets,
     request_seed,
@@ -83,7 +84,6 @@ def platform_options(is_cpu: bool, model_path: str, max_model_len: int | None, g
         max_model_len = getattr(load_config(model_path), "max_position_embeddings", None) or 8192
     return dict(kv_cache_memory_bytes=int(cpu_kv_cache_gib * GIB), enable_chunked_prefill=False,
                 max_num_batched_tokens=max(max_model_len, 8192))
-
 
 
 def launch_options() -> dict:
@@ -293,9 +293,7 @@ class VLLMEngine:
         if self.asleep:
             raise BfspoError("generate on a sleeping vLLM engine: call wake_up() first")
         budgets = per_context_budgets(max_new_tokens, len(contexts))
-        keys = [(i,) for i in range(len(contexts))] if keys is None else [tuple(k) for k in keys]
-        if len(keys) != len(contexts):
-            raise ValueError(f"{len(keys)} keys for {len(contexts)} contexts")
+        keys = context_keys(keys, len(contexts))
         greedy = temperature == 0
         results = [[Completion([], [], [], False) for _ in range(n)] for _ in contexts]
         places = {}

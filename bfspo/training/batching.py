@@ -143,9 +143,10 @@ def prefix(filled: Filled, target: int) -> Filled:
     if sum(tree_chains(t) for t in batch) < target:
         return filled
     last = next(i for i, t in enumerate(filled.generated) if t is batch[-1])
-    generated, dropped = filled.generated[:last + 1], filled.generated[last + 1:]
-    return Filled(kept=[t for t in filled.kept if any(t is g for g in generated)], generated=generated,
-                  rounds=filled.rounds, aborted=len(dropped), aborted_tokens=sum(t.n_tokens for t in dropped))
+    last_kept = next(i for i, t in enumerate(filled.kept) if t is batch[-1])  # kept: in draw order too
+    dropped = filled.generated[last + 1:]
+    return Filled(kept=filled.kept[:last_kept + 1], generated=filled.generated[:last + 1], rounds=filled.rounds,
+                  aborted=len(dropped), aborted_tokens=sum(t.n_tokens for t in dropped))
 
 
 def fill_streamed(search, add: Callable[[], None], keep: Callable[[object], bool], target: int,
