@@ -5,33 +5,15 @@
 #
 #   bash bench/toy_numerics.sh [STEPS]        # default 30 SFT steps of the default toy size, 1 thread
 #
-# MKL's vendor emulation: torch's wheel links MKL statically but calls MKL's vendor queries through
-# its PLT, so an LD_PRELOAD library answers them: mkl_serv_intel_cpu_true says "not Intel", and
-# mkl_serv_cpuiszen does what MKL's own does (disassembled from libtorch_cpu.so): "Zen" only when
-# MKL's CNR branch is OFF or AUTO. MKL's CPUID-based feature checks still see this CPU, and nothing
-# else of another CPU is emulated (torch's and glibc's kernel choice by CPU features, cache sizes):
-# this is evidence about MKL's vendor dispatch, not a run on an AMD CPU.
+# MKL's vendor emulation: bench/mkl_vendor.c, an LD_PRELOAD library (its comment says what it
+# emulates and what not): evidence about MKL's vendor dispatch, not a run on another CPU.
 set -euo pipefail
 STEPS=${1:-30}
 BFSPO=${BFSPO:-.venv/bin/bfspo}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-cat > "$WORK/vendor.c" <<'EOF'
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#ifdef ZEN
-int mkl_serv_cpuiszen(void) {
-  static int (*branch)(int);
-  if (!branch) branch = (int (*)(int))dlsym(dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD), "mkl_serv_cbwr_get");
-  int b = branch(1);
-  return b == 1 || b == 2;
-}
-#endif
-int mkl_serv_intel_cpu_true(void) { return 0; }
-int mkl_serv_intel_cpu(void) { return 0; }
-EOF
-cc -shared -fPIC -O2 -o "$WORK/non-intel.so" "$WORK/vendor.c" -ldl
-cc -shared -fPIC -O2 -DZEN -o "$WORK/zen.so" "$WORK/vendor.c" -ldl
+cc -shared -fPIC -O2 -o "$WORK/non-intel.so" bench/mkl_vendor.c -ldl
+cc -shared -fPIC -O2 -DZEN -o "$WORK/zen.so" bench/mkl_vendor.c -ldl
 "$BFSPO" toy data --out-dir "$WORK/data" --seed 0 > /dev/null
 
 build() {  # LABEL [--native-numerics|--] [VAR=VALUE ...]

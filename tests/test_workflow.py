@@ -301,6 +301,31 @@ def test_toy_build_true_rebuilds_the_start_model(tmp_path):
     assert "toy install" not in out
 
 
+def test_toy_starts_build_other_start_models_and_train_from_them_under_pinned_numerics():
+    """Issue 44, item 2: config/toy-starts.yaml's other start models are the toy's SFT on the same
+    data at seeds 1 and 2 (rule toy_start), each pinned, each an input of its runs and zero-shot
+    evaluation; the shipped model's runs are config.yaml's verdict runs (same names, same settings)."""
+    pinned = "env ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2 bfspo "
+    out = dry_run("-p", "--configfile", "config/toy-starts.yaml")
+    starts = sorted(t for r, t in jobs(out) if r == "toy_start")
+    for seed, text in zip((1, 2), starts, strict=True):
+        assert (f"{pinned}toy build --train results/toy/data/train.jsonl --out-dir results/toy-starts/seed{seed} "
+                f"--size default --seed {seed}") in text
+    trained = {re.search(r"wildcards: run=(\S+)", t).group(1): t for r, t in jobs(out) if r == "train"}
+    assert sorted(trained) == sorted(f"{m}_toy_{x}_s{s}" for m in ("toy", "toy-sft1", "toy-sft2")
+                                     for x in ("dapo", "bfspo") for s in (0, 1, 2))
+    for run, text in trained.items():
+        assert pinned in text, run
+        if run.startswith("toy-sft"):
+            assert f"results/toy-starts/seed{run[7]}" in re.search(r"input: .*", text).group(0), run
+    def training(text):  # the command but its W&B group and table labels
+        return re.sub(r" --set (wandb_group=\S+|'tables=[^']*')", "", re.search(r"Shell command: .*", text).group(0))
+
+    shared = {re.search(r"wildcards: run=(\S+)", t).group(1): t for r, t in jobs(dry_run("-p")) if r == "train"}
+    for run in ("toy_toy_dapo_s1", "toy_toy_bfspo_s2"):
+        assert "--set seed=" in training(trained[run]) and training(trained[run]) == training(shared[run])
+
+
 def test_the_toy_rules_pin_the_cpu_numerics_of_every_toy_job_and_no_other():
     """Issue 36: the toy's data, SFT, hash, training and evaluation commands start with the `env`
     prefix of bfspo/toy/numerics.py (torch's AVX2 kernels, MKL's COMPATIBLE branch, oneDNN capped
@@ -319,6 +344,17 @@ def test_the_toy_rules_pin_the_cpu_numerics_of_every_toy_job_and_no_other():
             assert "ATEN_CPU_CAPABILITY" not in text, (rule, text)
     assert pinned == Counter(toy_data=1, toy_model=1, toy_check=1, train=11, evaluate=24)
     assert "ATEN_CPU_CAPABILITY" not in dry_run("-p", "--configfile", "config/paper.yaml")
+
+
+def test_native_toy_numerics_leave_the_cpu_its_kernels_in_training_and_evaluation_only(tmp_path):
+    """Issue 44, item 6: `toy.numerics: native` (bench/toy_verdict_numerics.sh) drops the pinned
+    prefix from the RL runs and their evaluations; the data, start model and hash stay pinned."""
+    config = write_config(tmp_path, "config/config.yaml", lambda c: c["toy"].update(numerics="native"), own_results=True)
+    for rule, text in jobs(dry_run("-p", "--configfile", str(config))):
+        if rule in ("toy_data", "toy_model", "toy_check"):
+            assert "env ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2 bfspo toy " in text, rule
+        elif rule in ("train", "evaluate"):
+            assert "ATEN_CPU_CAPABILITY" not in text and "bfspo " in text, (rule, text)
 
 
 def test_a_dry_run_warns_of_an_arm_whose_trees_miss_its_chains_per_step(tmp_path):

@@ -202,9 +202,13 @@ def device(m: Matrix, run: str, stage: str) -> str | None:
 def numerics_prefix(m: Matrix, run: str | None = None) -> str:
     """The `env ...` prefix of a job's command that pins its CPU numerics (bfspo/toy/numerics.py): on
     every job of the toy (its data, SFT and hash, with `run` None; the training and evaluation of its
-    model), so that its bytes are the same on every x86-64 CPU with AVX2; "" on any other job."""
+    start models, unless `toy.numerics` is native), so that its bytes are the same on every x86-64 CPU
+    with AVX2; "" on any other job."""
     toy = m.config.get("toy")
-    if toy is None or run is not None and m.config["models"][m.model_of(run)]["path"] != toy["model_dir"]:
+    if toy is None:
+        return ""
+    if run is not None and (toy.get("numerics", "pinned") == "native"
+                            or m.config["models"][m.model_of(run)]["path"] not in m.toy_model_paths()):
         return ""
     return numerics.shell_prefix()
 

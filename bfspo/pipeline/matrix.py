@@ -350,9 +350,17 @@ class Matrix:
         """The random-init step of a stand-in, before its SFT."""
         return f"{self.config['stand_ins']['dir']}/init/{size}"
 
+    def toy_model_paths(self) -> list[str]:
+        """The toy's start models: its model and the other starts (`toy.starts`, DIR/seedN)."""
+        toy = self.config.get("toy")
+        if toy is None:
+            return []
+        starts = toy.get("starts", {"seeds": []})
+        return [toy["model_dir"]] + [toy_start_path(starts["dir"], seed) for seed in starts["seeds"]]
+
     def built_model_paths(self) -> list[str]:
-        """Model paths that this workflow builds (the toy's model, the stand-ins)."""
-        built = [self.config["toy"]["model_dir"]] if "toy" in self.config else []
+        """Model paths that this workflow builds (the toy's start models, the stand-ins)."""
+        built = self.toy_model_paths()
         if "stand_ins" in self.config:
             built += [self.stand_in_path(size) for size in self.config["resources"]]
         return built
@@ -380,6 +388,11 @@ class Matrix:
         pairs |= {f"{name}={b['data']}" for name, b in cfg["benchmarks"].items()}
         budget = max(s["budget"] for s in list(cfg["train_sets"].values()) + list(cfg["benchmarks"].values()))
         return sorted(pairs), budget
+
+
+def toy_start_path(starts_dir: str, seed: int) -> str:
+    """Where rule toy_start builds the toy's start model of SFT seed `seed` (`toy.starts`)."""
+    return f"{starts_dir}/seed{seed}"
 
 
 def toy_data_args(section: dict) -> str:

@@ -12,7 +12,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from bfspo.pipeline import jobs
-from bfspo.pipeline.matrix import PREPARED_SPLITS, TOY_DATA_FILES, alternation as _alternation, toy_data_args
+from bfspo.pipeline.matrix import PREPARED_SPLITS, TOY_DATA_FILES, alternation as _alternation, toy_data_args, toy_start_path
 from bfspo.pipeline.plan import plan
 from bfspo.pipeline.schema import verbose
 

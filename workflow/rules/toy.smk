@@ -3,7 +3,8 @@ where `toy.shipped` names a shipped start model and `toy.build` is not true, cop
 44, bfspo/toy/shipped.py); hash both and say whether they equal `toy.record` (issue 24; a mismatch
 is printed, not a failure) and which start model the run used; and,
 where `toy.questions` asks for them, other RL and evaluation questions for the same model (harder
-ones, none of them an SFT question). Every toy job, these and the training and evaluation of the
+ones, none of them an SFT question); and, where `toy.starts` asks for them, other start models: the
+same SFT at other seeds (rule toy_start). Every toy job, these and the training and evaluation of the
 toy's model, runs under the pinned CPU numerics of bfspo/toy/numerics.py (`cpu_numerics`)."""
 
 if "toy" in config:
@@ -71,6 +72,32 @@ if "toy" in config:
                 CONDA_ENV
             shell:
                 "{params.numerics}bfspo toy build --train {input:q} --out-dir {output:q} --size {params.size:q} {params.wandb} > {log:q} 2>&1"
+
+    if "starts" in TOY:
+
+        rule toy_start:
+            input:
+                f"{TOY['data_dir']}/train.jsonl",
+            output:
+                directory(toy_start_path(TOY["starts"]["dir"], "{seed}")),
+            log:
+                "logs/toy/start-seed{seed}.log",
+            benchmark:
+                "benchmarks/toy/start-seed{seed}.tsv"
+            wildcard_constraints:
+                seed=r"\d+",
+            params:
+                numerics=cpu_numerics,
+                size=TOY["size"],
+                wandb=lambda wc: sft_wandb_args(f"sft-start-seed{wc.seed}"),
+            threads: 1
+            resources:
+                **slurm_resources(TOY.get("gpus", 0)),
+            conda:
+                CONDA_ENV
+            shell:
+                "{params.numerics}bfspo toy build --train {input:q} --out-dir {output:q} --size {params.size:q}"
+                " --seed {wildcards.seed:q} {params.wandb} > {log:q} 2>&1"
 
     rule toy_check:
         input:
