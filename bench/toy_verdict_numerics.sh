@@ -2,9 +2,10 @@
 # The toy's verdict under other CPU float paths (issue 44, item 6; docs/reproducibility.md). From
 # the shipped start model (its bytes are the same on every CPU), config.yaml's verdict table (DAPO
 # and BFS-PO K = 3, seeds 0-2, and the zero-shot rows) is rebuilt under each float path given, each
-# in its own results folder, results/numerics/<path>. Prints one row per path and column: the two
-# methods' accuracy, the paired differences with their intervals and verdicts, and how many of the
-# six trained adapters are byte-equal to the pinned path's.
+# in its own results folder, results/numerics/<path>; the pinned path is config.yaml's own (the
+# table that `make toy` builds, in results/, built here if missing). Prints one row per path and
+# column: the two methods' accuracy, the paired differences with their intervals and verdicts, and
+# how many of the six trained adapters are byte-equal to the pinned path's.
 #
 #   bash bench/toy_verdict_numerics.sh [PATH ...]   # from the repository root; default: all five
 #
@@ -29,6 +30,11 @@ for path in "${PATHS[@]}"; do
     pinned-zen|native-zen) pre=(LD_PRELOAD="$WORK/zen.so") ;;
     *) echo "toy_verdict_numerics: unknown path '$path' (pinned, pinned-non-intel, pinned-zen, native, native-zen)" >&2; exit 2 ;;
   esac
+  if [ "$path" = pinned ]; then
+    target=(--configfile config/config.yaml results/tables/toy-verdict.md)
+  else
+    target=(--configfile "$WORK/$path.yaml")
+  fi
   "$BIN/python" - "$path" "$WORK/$path.yaml" <<'PY'
 import sys, yaml
 path, out = sys.argv[1:]
@@ -40,7 +46,7 @@ yaml.safe_dump(cfg, open(out, "w"), sort_keys=False)
 PY
   echo "toy_verdict_numerics: $path (log: results/numerics/$path.log)" >&2
   mkdir -p results/numerics
-  env "${pre[@]}" "$BIN/snakemake" ${SNAKEMAKE_ARGS:---cores 2} --configfile "$WORK/$path.yaml" > "results/numerics/$path.log" 2>&1 \
+  env "${pre[@]}" "$BIN/snakemake" ${SNAKEMAKE_ARGS:---cores 2} "${target[@]}" > "results/numerics/$path.log" 2>&1 \
     || { tail -20 "results/numerics/$path.log" >&2; exit 1; }
 done
 
@@ -49,19 +55,22 @@ import hashlib, sys
 from pathlib import Path
 import pandas as pd
 
-def adapters(path):
-    runs = Path(f"results/numerics/{path}/runs")
-    return {r.name: hashlib.sha256((r / "adapter/adapter_model.safetensors").read_bytes()).hexdigest()
-            for r in sorted(runs.glob("toy_toy_*")) if (r / "done.json").exists()}
+def results(path):
+    return Path("results" if path == "pinned" else f"results/numerics/{path}")
 
-pinned = adapters("pinned") if Path("results/numerics/pinned/runs").exists() else {}
+def adapters(path):
+    runs = results(path) / "runs"
+    return {r.name: hashlib.sha256((r / "adapter/adapter_model.safetensors").read_bytes()).hexdigest()
+            for r in sorted(runs.glob("toy_toy_*_s[012]")) if (r / "done.json").exists()}
+
+pinned = adapters("pinned")
 print("| float path | column | DAPO acc. | BFS-PO acc. | acc. diff [95%] | len. diff [95%] | AES diff [95%] "
       "| verdicts (acc., len., AES) | adapters = pinned |")
 print("|---|---|---|---|---|---|---|---|---|")
 for path in sys.argv[1:]:
-    table = pd.read_csv(f"results/numerics/{path}/tables/toy-verdict.csv")
-    own = adapters(path)
-    same = sum(own[r] == pinned.get(r) for r in own) if pinned else "-"
+    table = pd.read_csv(results(path) / "tables/toy-verdict.csv")
+    own = {run: digest for run, digest in adapters(path).items() if "_dapo_" in run or "_bfspo_" in run}
+    same = sum(own[r] == pinned.get(r) for r in own)
     for column, rows in table[table.what.str.contains(r"\(")].groupby("what", sort=False):
         by = rows.set_index("metric")
         cell = lambda m: f"{by.loc[m, 'diff']:+.2f} [{by.loc[m, 'ci_low']:+.2f}, {by.loc[m, 'ci_high']:+.2f}]"
