@@ -138,6 +138,8 @@ def test_logits_kv_and_vllm_terms():
     assert memory.kv_cache_per_token(TINY, 2) == 2 * 2 * 4 * 2
     q3 = load_shape("Qwen/Qwen2.5-3B-Instruct")
     assert memory.kv_cache_per_token(q3) == 36 * 1024  # 2 x 36 layers x 2 heads x 128 x 2 bytes
+    # the transformers engine's decode: 3 rows of up to 100 tokens, 10 vocabulary entries
+    assert memory.hf_decode(TINY, 3, 100, 2) == {"KV cache x3": 3 * 100 * 32, "sampling": 3 * 10 * (2 + 45)}
     assert memory.vllm_workspace(TINY, 4, 100, 2) == 100 * 2 * (16 + 48) + 3 * 4 * 4 * 10 + memory.GIB
 
 
@@ -202,6 +204,22 @@ def test_a_job_that_cannot_fit_is_refused_naming_it_and_its_largest_term():
     (first, *_) = gpu_plan.plan_matrix(Matrix(cfg)).errors()
     assert "(rescoring, vLLM awake)" in first and "largest term is vLLM (" in first
     assert "lower gpu_memory_utilization" in first
+
+
+def test_the_transformers_engines_decode_is_a_phase_of_its_own():
+    """The transformers engine decodes rollout_batch_size rows at once: their KV cache and one step's
+    sampling tensors (the float64 inverse-CDF draw among them) are a phase beside the update; at
+    4096 rows of Qwen2.5-3B it is the peak, and the refusal names it."""
+    run = "qwen2.5-3b_gsm8k_dapo_s0"
+    hf = gpu_plan.plan_matrix(Matrix(paper(lambda c: c["train"].update(engine="transformers")))).train[run]
+    assert hf.memory.phase == "update"
+    wide = paper(lambda c: c["train"].update(engine="transformers", rollout_batch_size=4096))
+    p = gpu_plan.plan_matrix(Matrix(wide)).train[run]
+    q3 = load_shape("Qwen/Qwen2.5-3B-Instruct")
+    assert p.memory.phase == "generation, transformers engine"
+    assert p.memory.terms["sampling"] == 4096 * q3.vocab * (2 + memory.HF_SAMPLING_BYTES)
+    assert p.memory.terms["KV cache x4096"] == 4096 * p.kv_one_sequence
+    assert "(generation, transformers engine)" in plan(wide, ["config/paper.yaml"]).refusal
 
 
 def test_a_kv_cache_too_small_for_one_sequence_is_refused():

@@ -223,10 +223,11 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
     rollout = base | {f"forward@{T}": memory.forward_activations(s, T, b), "logits": logits}
     if vllm:
         rollout |= {"vLLM": awake}
-    phases = {"rescoring, vLLM awake": rollout}
+    phases = {"rescoring, vLLM awake" if vllm else "rescoring": rollout}
     if vllm:
         phases["update, vLLM asleep"] = update | {"vLLM asleep": asleep}
     else:
+        phases["generation, transformers engine"] = base | memory.hf_decode(s, cfg.rollout_batch_size, max_model_len, b)
         phases["update"] = update
     peak_phase = max(phases, key=lambda p: sum(phases[p].values()))
     mem_plan = Memory(terms=phases[peak_phase], peak=sum(phases[peak_phase].values()), phase=peak_phase)

@@ -153,6 +153,22 @@ def kv_cache_per_token(s: Shape, b: int = 2) -> int:
     return 2 * s.layers * s.kv_dim * b
 
 
+# Bytes per row and vocabulary entry of one decode step's sampling in the transformers engine
+# (bfspo/rollout/hf_engine.py: logprobs_and_entropy, sample_next), every [rows, V] tensor counted as
+# live at once: the float32 log-probabilities (4) and probabilities (4), top-p's sorted copy (4) and
+# its int64 order (8), the nucleus mask (1), the masked and scattered probabilities (4 + 4), and the
+# float64 copy and its cumulative sum that the inverse-CDF draw reads (8 + 8).
+HF_SAMPLING_BYTES = 4 + 4 + 4 + 8 + 1 + 4 + 4 + 8 + 8
+
+
+def hf_decode(s: Shape, rows: int, max_len: int, b: int = 2) -> dict[str, int]:
+    """What the transformers engine's decode holds beside the model: the KV cache of `rows` sequences
+    (rollout_batch_size) at their longest, max_len tokens, 2 L kv b each; and one step's logits in the
+    model's dtype with its sampling tensors, rows V (b + HF_SAMPLING_BYTES)."""
+    return {f"KV cache x{rows}": rows * max_len * kv_cache_per_token(s, b),
+            "sampling": rows * s.vocab * (b + HF_SAMPLING_BYTES)}
+
+
 def vllm_workspace(s: Shape, max_num_seqs: int, max_batched_tokens: int, b: int = 2) -> int:
     """vLLM's memory besides weights and KV cache (what its start-up profiling reserves): the
     activations of one forward of `max_batched_tokens` tokens (the hidden state, the MLP's three
