@@ -5,16 +5,20 @@
 # in its own results folder, results/numerics/<path>; the pinned path is config.yaml's own (the
 # table that `make toy` builds, in results/, built here if missing). Prints one row per path and
 # column: the two methods' accuracy, the paired differences with their intervals and verdicts, and
-# how many of the six trained adapters are byte-equal to the pinned path's.
+# how many of the trained adapters are byte-equal to the pinned path's.
 #
 #   bash bench/toy_verdict_numerics.sh [PATH ...]   # from the repository root; default: all five
+#   CONFIG=config/toy-paper-reading.yaml TABLE=toy-paper-reading bash bench/toy_verdict_numerics.sh native
+#                                                   # another paired table of the toy (here 10 seeds)
 #
 # Paths: pinned (config.yaml's: bfspo/toy/numerics.py), pinned-non-intel and pinned-zen (the same,
 # with MKL told it runs on a non-Intel CPU or an AMD Zen: bench/mkl_vendor.c), native (the CPU's own
 # kernels: `toy.numerics: native`), native-zen (those, with MKL's Zen path: what an AVX-512 Zen
-# runs unpinned, as far as an LD_PRELOAD emulates it). Each path is 6 RL runs and 14 evaluations:
-# about 9 min on 2 cores. SNAKEMAKE_ARGS adds options (default: --cores 2).
+# runs unpinned, as far as an LD_PRELOAD emulates it). On the default table each path is 6 RL runs
+# and 14 evaluations, about 7 min on 2 cores. SNAKEMAKE_ARGS adds options (default: --cores 2).
 set -euo pipefail
+CONFIG=${CONFIG:-config/config.yaml}
+TABLE=${TABLE:-toy-verdict}
 PATHS=("$@")
 [ ${#PATHS[@]} -gt 0 ] || PATHS=(pinned pinned-non-intel pinned-zen native native-zen)
 BIN=${BIN:-.venv/bin}
@@ -31,26 +35,27 @@ for path in "${PATHS[@]}"; do
     *) echo "toy_verdict_numerics: unknown path '$path' (pinned, pinned-non-intel, pinned-zen, native, native-zen)" >&2; exit 2 ;;
   esac
   if [ "$path" = pinned ]; then
-    target=(--configfile config/config.yaml results/tables/toy-verdict.md)
+    target=(--configfile "$CONFIG" "results/tables/$TABLE.md")
   else
     target=(--configfile "$WORK/$path.yaml")
   fi
-  "$BIN/python" - "$path" "$WORK/$path.yaml" <<'PY'
+  "$BIN/python" - "$path" "$WORK/$path.yaml" "$CONFIG" "$TABLE" <<'PY'
 import sys, yaml
-path, out = sys.argv[1:]
-cfg = yaml.safe_load(open("config/config.yaml"))
+path, out, config, table = sys.argv[1:]
+cfg = yaml.safe_load(open(config))
 cfg["results"] = f"results/numerics/{path}"
 cfg["toy"]["numerics"] = path.split("-")[0]
-cfg["tables"] = {"toy-verdict": cfg["tables"]["toy-verdict"]}
+cfg["tables"] = {table: cfg["tables"][table]}
 yaml.safe_dump(cfg, open(out, "w"), sort_keys=False)
 PY
-  echo "toy_verdict_numerics: $path (log: results/numerics/$path.log)" >&2
+  log="results/numerics/$path-$TABLE.log"
+  echo "toy_verdict_numerics: $path, $TABLE (log: $log)" >&2
   mkdir -p results/numerics
-  env "${pre[@]}" "$BIN/snakemake" ${SNAKEMAKE_ARGS:---cores 2} "${target[@]}" > "results/numerics/$path.log" 2>&1 \
-    || { tail -20 "results/numerics/$path.log" >&2; exit 1; }
+  env "${pre[@]}" "$BIN/snakemake" ${SNAKEMAKE_ARGS:---cores 2} "${target[@]}" > "$log" 2>&1 \
+    || { tail -20 "$log" >&2; exit 1; }
 done
 
-"$BIN/python" - "${PATHS[@]}" <<'PY'
+"$BIN/python" - "$TABLE" "${PATHS[@]}" <<'PY'
 import hashlib, sys
 from pathlib import Path
 import pandas as pd
@@ -58,18 +63,21 @@ import pandas as pd
 def results(path):
     return Path("results" if path == "pinned" else f"results/numerics/{path}")
 
+table_name, *paths = sys.argv[1:]
+
 def adapters(path):
-    runs = results(path) / "runs"
-    return {r.name: hashlib.sha256((r / "adapter/adapter_model.safetensors").read_bytes()).hexdigest()
-            for r in sorted(runs.glob("toy_toy_*_s[012]")) if (r / "done.json").exists()}
+    """run -> the SHA-256 of its adapter, for the runs of the table's per-seed rows."""
+    runs = pd.read_csv(results(path) / f"tables/{table_name}_seeds.csv").run
+    return {run: hashlib.sha256((results(path) / "runs" / run / "adapter/adapter_model.safetensors").read_bytes()).hexdigest()
+            for run in runs}
 
 pinned = adapters("pinned")
 print("| float path | column | DAPO acc. | BFS-PO acc. | acc. diff [95%] | len. diff [95%] | AES diff [95%] "
       "| verdicts (acc., len., AES) | adapters = pinned |")
 print("|---|---|---|---|---|---|---|---|---|")
-for path in sys.argv[1:]:
-    table = pd.read_csv(results(path) / "tables/toy-verdict.csv")
-    own = {run: digest for run, digest in adapters(path).items() if "_dapo_" in run or "_bfspo_" in run}
+for path in paths:
+    table = pd.read_csv(results(path) / f"tables/{table_name}.csv")
+    own = adapters(path)
     same = sum(own[r] == pinned.get(r) for r in own)
     for column, rows in table[table.what.str.contains(r"\(")].groupby("what", sort=False):
         by = rows.set_index("metric")
