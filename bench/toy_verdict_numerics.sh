@@ -35,7 +35,7 @@ for path in "${PATHS[@]}"; do
     *) echo "toy_verdict_numerics: unknown path '$path' (pinned, pinned-non-intel, pinned-zen, native, native-zen)" >&2; exit 2 ;;
   esac
   if [ "$path" = pinned ]; then
-    target=(--configfile "$CONFIG" "results/tables/$TABLE.md")
+    target=("results/tables/$TABLE.md" --configfile "$CONFIG")  # --configfile takes every word after it
   else
     target=(--configfile "$WORK/$path.yaml")
   fi
