@@ -34,12 +34,15 @@ for path in "${PATHS[@]}"; do
     pinned-zen|native-zen) pre=(LD_PRELOAD="$WORK/zen.so") ;;
     *) echo "toy_verdict_numerics: unknown path '$path' (pinned, pinned-non-intel, pinned-zen, native, native-zen)" >&2; exit 2 ;;
   esac
+  # the path's config, kept where a rerun finds it (a table belongs to one config file: bfspo/reporting/owner.py)
+  derived="results/numerics/$path-$TABLE.yaml"
   if [ "$path" = pinned ]; then
     target=("results/tables/$TABLE.md" --configfile "$CONFIG")  # --configfile takes every word after it
   else
-    target=(--configfile "$WORK/$path.yaml")
+    target=(--configfile "$derived")
   fi
-  "$BIN/python" - "$path" "$WORK/$path.yaml" "$CONFIG" "$TABLE" <<'PY'
+  mkdir -p results/numerics
+  "$BIN/python" - "$path" "$derived" "$CONFIG" "$TABLE" <<'PY'
 import sys, yaml
 path, out, config, table = sys.argv[1:]
 cfg = yaml.safe_load(open(config))
@@ -50,7 +53,6 @@ yaml.safe_dump(cfg, open(out, "w"), sort_keys=False)
 PY
   log="results/numerics/$path-$TABLE.log"
   echo "toy_verdict_numerics: $path, $TABLE (log: $log)" >&2
-  mkdir -p results/numerics
   env "${pre[@]}" "$BIN/snakemake" ${SNAKEMAKE_ARGS:---cores 2} "${target[@]}" > "$log" 2>&1 \
     || { tail -20 "$log" >&2; exit 1; }
 done
