@@ -53,7 +53,7 @@ yaml.safe_dump(cfg, open(out, "w"), sort_keys=False)
 PY
   log="results/numerics/$path-$TABLE.log"
   echo "toy_verdict_numerics: $path, $TABLE (log: $log)" >&2
-  env "${pre[@]}" "$BIN/snakemake" ${SNAKEMAKE_ARGS:---cores 2} "${target[@]}" > "$log" 2>&1 \
+  env "${pre[@]}" "$BIN/snakemake" "${target[@]}" ${SNAKEMAKE_ARGS:---cores 2} > "$log" 2>&1 \
     || { tail -20 "$log" >&2; exit 1; }
 done
 
