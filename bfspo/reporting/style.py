@@ -43,6 +43,8 @@ METHOD_COLOURS = {
     "dapo-m16-lr1": "#a55194",
     "bfspo-lr1": "#ad494a",
     "bfspo-b96m48-win": "#ce6dbd",
+    # the start models' step probe (config/toy-starts-steps.yaml)
+    "dapo-s60": "#e7969c",
 }
 MAX_LUMINANCE = 0.45  # a pool colour darker than this (WCAG relative luminance) shows as a line on white
 
