@@ -73,14 +73,15 @@ def adapters(path):
     return {run: hashlib.sha256((results(path) / "runs" / run / "adapter/adapter_model.safetensors").read_bytes()).hexdigest()
             for run in runs}
 
-pinned = adapters("pinned")
+# the pinned path's adapters, where its table was built (by this call or `make toy`)
+pinned = adapters("pinned") if (results("pinned") / f"tables/{table_name}_seeds.csv").exists() else None
 print("| float path | column | DAPO acc. | BFS-PO acc. | acc. diff [95%] | len. diff [95%] | AES diff [95%] "
       "| verdicts (acc., len., AES) | adapters = pinned |")
 print("|---|---|---|---|---|---|---|---|---|")
 for path in paths:
     table = pd.read_csv(results(path) / f"tables/{table_name}.csv")
     own = adapters(path)
-    same = sum(own[r] == pinned.get(r) for r in own)
+    same = "-" if pinned is None else sum(own[r] == pinned.get(r) for r in own)
     for column, rows in table[table.what.str.contains(r"\(")].groupby("what", sort=False):
         by = rows.set_index("metric")
         cell = lambda m: f"{by.loc[m, 'diff']:+.2f} [{by.loc[m, 'ci_low']:+.2f}, {by.loc[m, 'ci_high']:+.2f}]"

@@ -355,8 +355,8 @@ class Matrix:
         toy = self.config.get("toy")
         if toy is None:
             return []
-        starts = toy.get("starts", {"seeds": []})
-        return [toy["model_dir"]] + [toy_start_path(starts["dir"], seed) for seed in starts["seeds"]]
+        starts = toy.get("starts")
+        return [toy["model_dir"]] + ([toy_start_path(starts["dir"], seed) for seed in starts["seeds"]] if starts else [])
 
     def built_model_paths(self) -> list[str]:
         """Model paths that this workflow builds (the toy's start models, the stand-ins)."""
