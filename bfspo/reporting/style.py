@@ -43,8 +43,9 @@ METHOD_COLOURS = {
     "dapo-m16-lr1": "#a55194",
     "bfspo-lr1": "#ad494a",
     "bfspo-b96m48-win": "#ce6dbd",
-    # the start models' step probe (config/toy-starts-steps.yaml)
+    # the start models' step probe and study (config/toy-starts-steps.yaml, toy-starts-60.yaml)
     "dapo-s60": "#e7969c",
+    "bfspo-s60": "#a63603",
 }
 MAX_LUMINANCE = 0.45  # a pool colour darker than this (WCAG relative luminance) shows as a line on white
 
