@@ -208,8 +208,9 @@ def test_a_job_that_cannot_fit_is_refused_naming_it_and_its_largest_term():
 
 def test_the_transformers_engines_decode_is_a_phase_of_its_own():
     """The transformers engine decodes rollout_batch_size rows at once: their KV cache and one step's
-    sampling tensors (the float64 inverse-CDF draw among them) are a phase beside the update; at
-    4096 rows of Qwen2.5-3B it is the peak, and the refusal names it."""
+    sampling tensors (the float64 inverse-CDF draw among them) are a phase beside the update, and the
+    rollout's only one (its samples carry their log-probs: no rescoring forward); at 4096 rows of
+    Qwen2.5-3B it is the peak, and the refusal names it."""
     run = "qwen2.5-3b_gsm8k_dapo_s0"
     hf = gpu_plan.plan_matrix(Matrix(paper(lambda c: c["train"].update(engine="transformers")))).train[run]
     assert hf.memory.phase == "update"
@@ -217,6 +218,7 @@ def test_the_transformers_engines_decode_is_a_phase_of_its_own():
     p = gpu_plan.plan_matrix(Matrix(wide)).train[run]
     q3 = load_shape("Qwen/Qwen2.5-3B-Instruct")
     assert p.memory.phase == "generation, transformers engine"
+    assert p.peak_rollout == p.memory.peak  # the rollout is the decode: no rescoring forward
     assert p.memory.terms["sampling"] == 4096 * q3.vocab * (2 + memory.HF_SAMPLING_BYTES)
     assert p.memory.terms["KV cache x4096"] == 4096 * p.kv_one_sequence
     assert "(generation, transformers engine)" in plan(wide, ["config/paper.yaml"]).refusal

@@ -11,9 +11,10 @@ limit the rule asks Slurm for (x the attempts it needs), its GPU-hours, its host
 partition; a subtotal per table, then the total against the paper's 96 (GSM8K) and 192 (MATH)
 GPU-hours per BFS-PO run. With --verbose, first the throughput assumptions and each job's line:
 its peak memory term by term, in the phase that peaks (the update with vLLM asleep, or the
-rescoring forward with vLLM awake; the update with vLLM resident alongside), the activations with
-and without gradient checkpointing, vLLM's share (weights and KV cache), the time per step, the
-checkpoint size and interval, and the warning signal. After the totals, the critical path (hours,
+rescoring forward with vLLM awake; the update with vLLM resident alongside; under the transformers
+engine, the update or the engine's decode), the activations with and without gradient
+checkpointing, vLLM's share (weights and KV cache), the time per step, the checkpoint size and
+interval, and the warning signal. After the totals, the critical path (hours,
 along the DAG's dependencies) and the peak of GPUs held at once at the Slurm profile's `jobs`.
 The checks are Snakemake's own (bfspo/pipeline/plan.py): a config that it refuses exits with
 status 1 here (2 where nothing can be planned), the refusal printed as Snakemake prints it, and

@@ -100,7 +100,7 @@ class TrainPlan:
     max_model_len: int
     peak_asleep: int  # the update with vLLM asleep
     peak_resident: int  # the update with vLLM resident
-    peak_rollout: int  # the rescoring forward, vLLM awake
+    peak_rollout: int  # the rollout: the rescoring forward with vLLM awake, or the transformers engine's decode
     memory: Memory
     step_s: float
     step_parts: dict  # seconds per step of one rank: decode, tail, prefill, recompute, rescore, update, overhead
@@ -220,15 +220,14 @@ def plan_train_config(cfg, *, run: str, gpus: int, nodes: int, ranks: int, gpu_m
     update = base | {f"activations@{T}": act,
                      "logits": memory.update_logits(s, T, b, cfg.lora_r, targets, cfg.gradient_checkpointing,
                                                     HEAD_CHUNK_ROWS)}
-    rollout = base | {f"forward@{T}": memory.forward_activations(s, T, b), "logits": logits}
+    # the rollout's peak: vLLM's samples rescored on the training side with vLLM awake, or the
+    # transformers engine's decode (its samples carry their log-probs: it runs no rescoring forward)
     if vllm:
-        rollout |= {"vLLM": awake}
-    phases = {"rescoring, vLLM awake" if vllm else "rescoring": rollout}
-    if vllm:
-        phases["update, vLLM asleep"] = update | {"vLLM asleep": asleep}
+        rollout = base | {f"forward@{T}": memory.forward_activations(s, T, b), "logits": logits, "vLLM": awake}
+        phases = {"rescoring, vLLM awake": rollout, "update, vLLM asleep": update | {"vLLM asleep": asleep}}
     else:
-        phases["generation, transformers engine"] = base | memory.hf_decode(s, cfg.rollout_batch_size, max_model_len, b)
-        phases["update"] = update
+        rollout = base | memory.hf_decode(s, cfg.rollout_batch_size, max_model_len, b)
+        phases = {"generation, transformers engine": rollout, "update": update}
     peak_phase = max(phases, key=lambda p: sum(phases[p].values()))
     mem_plan = Memory(terms=phases[peak_phase], peak=sum(phases[peak_phase].values()), phase=peak_phase)
 
