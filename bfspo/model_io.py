@@ -1,4 +1,5 @@
-"""Load a causal LM and its tokenizer from a hub id or a local directory, with an optional LoRA adapter.
+"""Load a causal LM and its tokenizer from a hub id or a local directory, with an optional LoRA adapter;
+save a LoRA adapter whose files are the same bytes for the same weights in every process.
 
 Precision follows the paper's setting: bfloat16 on CUDA, float32 on CPU. Every way a user can
 point at the wrong thing (a missing path, a folder that holds no model, a hub id that is neither
@@ -12,6 +13,7 @@ tensor of another shape: a damaged `vocab_size: 10**12` is named, not an allocat
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -114,6 +116,21 @@ def read_adapter_config(adapter: str) -> dict:
     if not config.is_file():
         raise BfspoError(f"{adapter}: not a peft adapter directory (no adapter_config.json)")
     return read_json(config)
+
+
+def save_adapter(model, path: str | Path) -> None:
+    """`model.save_pretrained(path)` for a peft model, with its adapter_config.json the same bytes in
+    every process: peft holds some fields as sets (`target_modules`) and writes them in the set's
+    order, which follows Python's per-process string hashing; they are written sorted here, so that
+    an adapter's fingerprint (done.json's `adapter_sha256`) is the same for the same weights."""
+    model.save_pretrained(path)
+    sets = {key for adapter in getattr(model, "peft_config", {}).values() for key, value in vars(adapter).items()
+            if isinstance(value, set)}  # none for a model without peft's configs (nothing to normalise)
+    if sets:
+        config_file = Path(path) / "adapter_config.json"
+        config = read_json(config_file)
+        config.update({key: sorted(config[key]) for key in sets if isinstance(config.get(key), list)})
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def check_adapter(adapter: str, name: str) -> dict:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,7 +16,7 @@ from bfspo.model_io import check_adapter, default_dtype, load_config, load_model
 from bfspo.toy.model import new_model, save_model_dir
 
 
-def save_adapter(model_dir, out_dir, **lora):
+def make_adapter(model_dir, out_dir, **lora):
     """A peft LoRA adapter with non-zero B (so it changes the output), saved from `model_dir`."""
     from transformers import AutoModelForCausalLM
 
@@ -25,7 +28,7 @@ def save_adapter(model_dir, out_dir, **lora):
 
 @pytest.fixture(scope="module")
 def adapter_dir(tiny_model_dir, tmp_path_factory):
-    return save_adapter(tiny_model_dir, tmp_path_factory.mktemp("adapter"))
+    return make_adapter(tiny_model_dir, tmp_path_factory.mktemp("adapter"))
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +93,7 @@ def test_same_base_through_a_relative_path(tiny_model_dir, adapter_dir, monkeypa
 
 
 def test_adapter_of_another_base_model(tiny_model_dir, other_model_dir, tmp_path):
-    other_adapter = save_adapter(other_model_dir, tmp_path / "other_adapter")
+    other_adapter = make_adapter(other_model_dir, tmp_path / "other_adapter")
     with pytest.raises(BfspoError, match="trained on base model .*other_model"):
         load_model(str(tiny_model_dir), str(other_adapter))
     # Even when its recorded base is edited to match, the shapes give it away.
@@ -178,3 +181,33 @@ def test_a_model_too_large_for_the_memory_is_named():
                                  "you tried to allocate 128000000000000 bytes. Error code 12")
     with pytest.raises(RuntimeError, match="expected scalar type Float"):
         _from_pretrained(Loader, "expected scalar type Float but found BFloat16")
+
+
+SAVE_IN_A_PROCESS = """
+import sys
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+from bfspo.model_io import save_adapter
+base = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+torch.manual_seed(0)  # the same LoRA weights in every process
+targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+save_adapter(get_peft_model(base, LoraConfig(r=4, target_modules=targets)), sys.argv[2])
+"""
+
+
+def test_an_adapters_files_are_the_same_bytes_in_every_process(tiny_model_dir, tmp_path):
+    """peft writes target_modules in a set's order, which follows the process's string hashing
+    (PYTHONHASHSEED); save_adapter writes them sorted, so that the same weights give the same
+    adapter fingerprint (done.json's adapter_sha256) in every process."""
+    from bfspo import fingerprint
+
+    digests = set()
+    for seed in ("1", "2", "3"):
+        out = tmp_path / f"hashseed{seed}"
+        env = {**os.environ, "PYTHONHASHSEED": seed, "OMP_NUM_THREADS": "1"}
+        subprocess.run([sys.executable, "-c", SAVE_IN_A_PROCESS, str(tiny_model_dir), str(out)], env=env, check=True)
+        digests.add(fingerprint.digest(fingerprint.folder_files(out, "adapter")))
+        config = json.loads((out / "adapter_config.json").read_text())
+        assert config["target_modules"] == sorted(config["target_modules"])
+    assert len(digests) == 1

@@ -304,7 +304,8 @@ def test_toy_build_true_rebuilds_the_start_model(tmp_path):
 def test_toy_starts_build_other_start_models_and_train_from_them_under_pinned_numerics():
     """Issue 44, item 2: config/toy-starts.yaml's other start models are the toy's SFT on the same
     data at seeds 1 and 2 (rule toy_start), each pinned, each an input of its runs and zero-shot
-    evaluation; the shipped model's runs are config.yaml's verdict runs (same names, same settings)."""
+    evaluation. Its 30-step runs have keys of their own (config.yaml's runs train 60 steps); the 60-step
+    study's shipped runs train what config.yaml's verdict runs train."""
     pinned = "env ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2 bfspo "
     out = dry_run("-p", "--configfile", "config/toy-starts.yaml")
     starts = sorted(t for r, t in jobs(out) if r == "toy_start")
@@ -313,17 +314,22 @@ def test_toy_starts_build_other_start_models_and_train_from_them_under_pinned_nu
                 f"--size default --seed {seed}") in text
     trained = {re.search(r"wildcards: run=(\S+)", t).group(1): t for r, t in jobs(out) if r == "train"}
     assert sorted(trained) == sorted(f"{m}_toy_{x}_s{s}" for m in ("toy", "toy-sft1", "toy-sft2")
-                                     for x in ("dapo", "bfspo") for s in range(5))
+                                     for x in ("dapo-s30", "bfspo-s30") for s in range(5))
     for run, text in trained.items():
         assert pinned in text, run
         if run.startswith("toy-sft"):
             assert f"results/toy-starts/seed{run[7]}" in re.search(r"input: .*", text).group(0), run
-    def training(text):  # the command but its W&B group and table labels
-        return re.sub(r" --set (wandb_group=\S+|'tables=[^']*')", "", re.search(r"Shell command: .*", text).group(0))
+    def training(text):  # the command but its names: run, output folder, method key, W&B group, tables
+        command = re.search(r"bfspo train .*? >>", text).group(0)
+        return re.sub(r" --(set (run_name|method_key|wandb_group)=\S+|set 'tables=[^']*'|output-dir \S+)", "", command)
 
-    shared = {re.search(r"wildcards: run=(\S+)", t).group(1): t for r, t in jobs(dry_run("-p")) if r == "train"}
-    for run in ("toy_toy_dapo_s1", "toy_toy_bfspo_s2"):
-        assert "--set seed=" in training(trained[run]) and training(trained[run]) == training(shared[run])
+    default = {re.search(r"wildcards: run=(\S+)", t).group(1): t for r, t in jobs(dry_run("-p")) if r == "train"}
+    at_60 = {re.search(r"wildcards: run=(\S+)", t).group(1): t
+             for r, t in jobs(dry_run("-p", "--configfile", "config/toy-starts-60.yaml")) if r == "train"}
+    for method, seed in (("dapo", 1), ("bfspo", 2)):
+        ours, study = training(default[f"toy_toy_{method}_s{seed}"]), training(at_60[f"toy_toy_{method}-s60_s{seed}"])
+        assert "--set steps=60" in ours and ours == study
+        assert training(trained[f"toy_toy_{method}-s30_s{seed}"]) == ours.replace("steps=60", "steps=30")
 
 
 def test_the_toy_rules_pin_the_cpu_numerics_of_every_toy_job_and_no_other():

@@ -43,7 +43,9 @@ METHOD_COLOURS = {
     "dapo-m16-lr1": "#a55194",
     "bfspo-lr1": "#ad494a",
     "bfspo-b96m48-win": "#ce6dbd",
-    # the start models' step probe and study (config/toy-starts-steps.yaml, toy-starts-60.yaml)
+    # the 30- and 60-step studies (config/toy-paper-reading.yaml, toy-starts*.yaml)
+    "dapo-s30": "#3182bd",
+    "bfspo-s30": "#e6550d",
     "dapo-s60": "#e7969c",
     "bfspo-s60": "#a63603",
 }

@@ -29,6 +29,7 @@ import torch
 from bfspo.errors import BfspoError
 from bfspo.fingerprint import file_sha256
 from bfspo.io import write_error
+from bfspo.model_io import save_adapter
 from bfspo.training.nonfinite import nonfinite_tensors
 from bfspo.training.run_dir import CHECKPOINT as NAME
 
@@ -48,7 +49,7 @@ def save(run_dir: Path, model, optimizer, state: dict) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        model.save_pretrained(tmp / "adapter")
+        save_adapter(model, tmp / "adapter")
         torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state(), **state}, tmp / "state.pt")
         (tmp / MARKER).write_text(json.dumps({"sha256": checksums(tmp)}, indent=1) + "\n")
     except (OSError, RuntimeError) as e:  # a full disk reaches torch.save as "unexpected pos ..."

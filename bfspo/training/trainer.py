@@ -47,6 +47,7 @@ from bfspo.algorithm.search import build_trees
 from bfspo.device import resolve_device
 from bfspo.errors import BfspoError
 from bfspo.io import append_line, write_json
+from bfspo.model_io import load_model, save_adapter
 from bfspo.rollout.base import needed_model_len
 from bfspo.rollout.rescore import RescoredEngine
 from bfspo.rollout.streamed import StreamedSearch, resolve_rollout
@@ -104,7 +105,6 @@ class Trainer:
         """`train_data`: the training file's bytes that the run fingerprinted (read from the file if None)."""
         from peft import LoraConfig, get_peft_model
 
-        from bfspo.model_io import load_model
         from bfspo.rollout import make_engine
 
         self.cfg, self.run_dir = cfg, run_dir
@@ -469,7 +469,7 @@ class Trainer:
                              "out or skipped), so nothing was trained; check the budget, the data and the model")
         final, tmp = self.run_dir / "adapter", self.run_dir / "adapter.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp)
+        save_adapter(self.model, tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         adapter = fingerprint.digest(fingerprint.folder_files(final, "adapter"))
