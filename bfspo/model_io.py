@@ -13,14 +13,13 @@ tensor of another shape: a damaged `vocab_size: 10**12` is named, not an allocat
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from bfspo.device import resolve_device
 from bfspo.errors import BfspoError
-from bfspo.io import read_json
+from bfspo.io import read_json, write_json
 from bfspo.model_source import check_model_source, offline
 
 TOKENIZER_PROBE = "The answer is 42."
@@ -130,7 +129,7 @@ def save_adapter(model, path: str | Path) -> None:
         config_file = Path(path) / "adapter_config.json"
         config = read_json(config_file)
         config.update({key: sorted(config[key]) for key in sets if isinstance(config.get(key), list)})
-        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_json(config_file, config)
 
 
 def check_adapter(adapter: str, name: str) -> dict:
