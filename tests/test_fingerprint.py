@@ -199,14 +199,17 @@ def _train(model, data, out, **overrides) -> int:
 
 def _while_the_model_loads(monkeypatch, module, name, action):
     """Run `action` when `module.name` (a loader) is called, before it loads: the probe's window between
-    the fingerprint and the load."""
-    load = getattr(module, name)
+    the fingerprint and the load. Returns the list of calls made, so that a test can assert the window
+    was reached (a caller that bound the loader at import would bypass the patch)."""
+    load, calls = getattr(module, name), []
 
     def acting(*args, **kwargs):
+        calls.append(args)
         action()
         return load(*args, **kwargs)
 
     monkeypatch.setattr(module, name, acting)
+    return calls
 
 
 def test_a_data_file_replaced_after_its_hash_is_not_what_the_run_trains_on(tiny_model_dir, tmp_path, monkeypatch):
@@ -218,9 +221,10 @@ def test_a_data_file_replaced_after_its_hash_is_not_what_the_run_trains_on(tiny_
     data = tmp_path / "train.jsonl"
     data.write_text(_rows("old-"))
     original = hashlib.sha256(data.read_bytes()).hexdigest()
-    _while_the_model_loads(monkeypatch, model_io, "load_model", lambda: data.write_text(_rows("new-")))
+    loads = _while_the_model_loads(monkeypatch, model_io, "load_model", lambda: data.write_text(_rows("new-")))
     out = tmp_path / "run"
     assert _train(tiny_model_dir, data, out) == 0
+    assert loads, "the trainer did not load through bfspo.model_io.load_model"
     assert json.loads((out / "inputs.json").read_text())["train_data"] == {"train.jsonl": original}
     trained = {tree["meta"]["question_id"] for path in (out / "trees").iterdir() for _, tree in read_jsonl(path)}
     assert trained and all(q.startswith("old-") for q in trained), trained
@@ -241,9 +245,10 @@ def test_a_model_file_replaced_between_its_hash_and_its_load_is_refused(tiny_mod
         (tmp_path / "new.safetensors").write_bytes(bytes(changed))
         os.replace(tmp_path / "new.safetensors", weights)
 
-    _while_the_model_loads(monkeypatch, model_io, "load_model", replace_weights)
+    loads = _while_the_model_loads(monkeypatch, model_io, "load_model", replace_weights)
     out = tmp_path / "run"
     assert _train(model, data, out) == 2
+    assert loads
     assert (f"{weights}: replaced or written to between its fingerprint and the end of loading the model"
             in capsys.readouterr().err)
     assert not (out / "inputs.json").exists() and not (out / "config.json").exists()  # nothing recorded
@@ -268,8 +273,9 @@ def test_evaluation_scores_the_data_bytes_it_records_and_refuses_a_model_changed
         return main(["evaluate", "--model", str(model), "--benchmark", "gsm8k", "--data", str(data), "--out-dir",
                      str(out), "--budget", "4", "--limit", "3"])
 
-    _while_the_model_loads(monkeypatch, ev, "load_config", lambda: data.write_text(_rows("new-")))
+    loads = _while_the_model_loads(monkeypatch, ev, "load_config", lambda: data.write_text(_rows("new-")))
     assert evaluate(tmp_path / "eval") == 0
+    assert loads
     assert read_json(tmp_path / "eval" / "summary.json")["settings"]["fingerprints"]["data"] == original
     assert {s["id"] for _, s in read_jsonl(tmp_path / "eval" / "samples.jsonl")} == {"old-0", "old-1", "old-2"}
     monkeypatch.undo()

@@ -40,14 +40,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bfspo import code_identity, console, fingerprint, runlock
+from bfspo import code_identity, console, fingerprint, model_io, runlock
 from bfspo.algorithm.advantages import assign_advantages, assign_rewards, keep_tree
 from bfspo.algorithm.packing import n_entries
 from bfspo.algorithm.search import build_trees
 from bfspo.device import resolve_device
 from bfspo.errors import BfspoError
 from bfspo.io import append_line, write_json
-from bfspo.model_io import load_model, save_adapter
 from bfspo.rollout.base import needed_model_len
 from bfspo.rollout.rescore import RescoredEngine
 from bfspo.rollout.streamed import StreamedSearch, resolve_rollout
@@ -118,7 +117,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         if device.type == "cuda" and self.world > 1:
             device = torch.device("cuda", torch.cuda.current_device())
-        base, self.tokenizer = load_model(cfg.model, device=device)
+        base, self.tokenizer = model_io.load_model(cfg.model, device=device)
         if cfg.gradient_checkpointing:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             base.enable_input_require_grads()
@@ -469,7 +468,7 @@ class Trainer:
                              "out or skipped), so nothing was trained; check the budget, the data and the model")
         final, tmp = self.run_dir / "adapter", self.run_dir / "adapter.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        save_adapter(self.model, tmp)
+        model_io.save_adapter(self.model, tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         adapter = fingerprint.digest(fingerprint.folder_files(final, "adapter"))
