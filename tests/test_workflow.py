@@ -7,6 +7,7 @@ so they can run beside a real run in the same tree.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -382,7 +383,8 @@ def test_seed_studies_plan_three_seeds_of_dapo_and_bfspo(configfile, gpus):
     assert job_counts(out) == Counter(toy_data=1, toy_model=1, toy_check=1, train=6, evaluate=2 + 12, table=1,
                                       aes_consistency=1, figures=1, report=1, all=1)
     runs = {re.search(r"wildcards: run=(\S+)", t).group(1) for r, t in jobs(out) if r == "train"}
-    assert runs == {f"{m}_toy_{x}_s{s}" for m in ["toy-gpu" if gpus else "toy"] for x in ("dapo", "bfspo") for s in range(3)}
+    arms = ("dapo", "bfspo") if gpus else ("dapo-g8s30", "bfspo-g8s30")
+    assert runs == {f"{m}_toy_{x}_s{s}" for m in ["toy-gpu" if gpus else "toy"] for x in arms for s in range(3)}
     for rule, text in jobs(out):
         if rule in ("toy_model", "train", "evaluate"):  # a CPU job asks for no GPU resource at all
             assert (f"gpu={gpus}" in text) if gpus else not re.search(r"[ ,]gpu=", text), (rule, text)
@@ -764,9 +766,9 @@ def test_toy_studies_plan_ten_paired_seeds_of_three_arms(configfile):
     counts = job_counts(out)
     assert (counts["train"], counts["evaluate"], counts["table"]) == (30, 2 + 60, 1)
     runs = {re.search(r"wildcards: run=(\S+)", t).group(1) for r, t in jobs(out) if r == "train"}
-    model = "toy-hard_toy-hard" if "hard" in configfile else "toy_toy"
-    assert runs == {f"{model}_{m}_s{s}" for m in ("dapo", "bfspo", "bfspo-prompts") for s in range(10)}
-    prompts = next(t for r, t in jobs(out) if r == "train" and "bfspo-prompts_s0" in t)
+    model, key = ("toy-hard_toy-hard", "") if "hard" in configfile else ("toy_toy", "-g8s20")
+    assert runs == {f"{model}_{m}{key}_s{s}" for m in ("dapo", "bfspo", "bfspo-prompts") for s in range(10)}
+    prompts = next(t for r, t in jobs(out) if r == "train" and f"bfspo-prompts{key}_s0" in t)
     assert "--set batch_unit=prompts" in prompts and "--set train_batch=8" in prompts
 
 
@@ -908,6 +910,31 @@ BAD = {  # one config with each kind of problem: (base, edit(config, tmp_path), 
     "partition-limit": ("config/paper.yaml", lambda c, _: c["slurm"].update(max_runtime=1440),
                         "train llama3.1-8b_math_dapo_s0: time limit 2880 min, over the partition's 1440"),
 }
+
+
+@functools.cache
+def _training_commands(configfile: str) -> dict[str, str]:
+    """Each train job of `configfile`'s dry run: its output folder -> its command but the names that
+    do not change what is trained (run name, method key, W&B group, tables)."""
+    return {re.search(r"--output-dir (\S+)", t).group(1):
+            re.sub(r" --set (run_name|method_key|wandb_group)=\S+| --set 'tables=[^']*'", "",
+                   re.search(r" train --output-dir .*? >>", t).group(0))
+            for r, t in jobs(dry_run("-p", "--configfile", configfile)) if r == "train"}
+
+
+def test_a_run_name_is_one_training_command_in_every_shipped_config():
+    """A run is what it trains: two configs that plan one run folder must train it alike (they then
+    share it); otherwise the second config's job stops on the first one's run (bfspo.training.run_dir:
+    "another config"). toy-seeds.yaml and toy-study.yaml trained G = 8 recipes as config.yaml's
+    `toy_toy_dapo_sN`, toy-paper-reading-hard.yaml and toy-study-hard.yaml two as `toy-hard_toy-hard_dapo_sN`."""
+    trained: dict[str, dict[str, str]] = {}
+    for configfile in CONFIGS:
+        for folder, command in _training_commands(configfile).items():
+            trained.setdefault(folder, {})[configfile] = command
+    shared = {folder: by for folder, by in trained.items() if len(by) > 1}
+    assert "results/runs/toy_toy_dapo-s30_s0" in shared  # toy-paper-reading's, which toy-starts reuses
+    clashes = {folder: sorted(by) for folder, by in shared.items() if len(set(by.values())) > 1}
+    assert not clashes, clashes
 
 
 def _verdicts(*files: str) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:

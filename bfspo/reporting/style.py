@@ -48,6 +48,12 @@ METHOD_COLOURS = {
     "bfspo-s30": "#e6550d",
     "dapo-s60": "#e7969c",
     "bfspo-s60": "#a63603",
+    # the earlier G = 8 recipe's studies under keys of their own (config/toy-seeds.yaml, toy-study.yaml)
+    "dapo-g8s30": "#6baed6",
+    "bfspo-g8s30": "#fd8d3c",
+    "dapo-g8s20": "#756bb1",
+    "bfspo-g8s20": "#d6616b",
+    "bfspo-prompts-g8s20": "#31a354",
 }
 MAX_LUMINANCE = 0.45  # a pool colour darker than this (WCAG relative luminance) shows as a line on white
 
