@@ -56,7 +56,7 @@ def test_the_readme_lines_fit_and_its_first_screen_has_the_fast_path():
     assert max(len(line) for line in README.splitlines()) <= 200
     assert len(README.splitlines()) <= 160  # a screen or two (issue 48): the module lists are in docs/code-map.md
     first_screen = "\n".join(README.splitlines()[:40])
-    assert "make toy CONFIG=config/test.yaml" in first_screen and "about 22 min" in first_screen
+    assert "make toy CONFIG=config/test.yaml" in first_screen and "about 15 min" in first_screen
 
 
 def test_the_citation_names_the_paper_as_the_readme_does():
