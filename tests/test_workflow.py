@@ -57,6 +57,16 @@ def jobs(output: str) -> list[tuple[str, str]]:
     return [(m.group(1), c) for c in chunks if (m := re.match(r"\s*(?:local)?rule (\w+):", c))]
 
 
+@functools.cache
+def training_commands(configfile: str) -> dict[str, str]:
+    """Each train job of `configfile`'s dry run: its output folder -> its `train` command but the names
+    that do not change what is trained (output folder, run name, method key, W&B group, tables)."""
+    return {re.search(r"--output-dir (\S+)", t).group(1):
+            re.sub(r" --(set (run_name|method_key|wandb_group)=\S+|set 'tables=[^']*'|output-dir \S+)", "",
+                   re.search(r" train --output-dir .*? >>", t).group(0))
+            for r, t in jobs(dry_run("-p", "--configfile", configfile)) if r == "train"}
+
+
 def wildcards(output: str, rule: str) -> list[str]:
     return [re.search(r"wildcards: (.*)", text).group(1) for r, text in jobs(output) if r == rule]
 
@@ -320,17 +330,11 @@ def test_toy_starts_build_other_start_models_and_train_from_them_under_pinned_nu
         assert pinned in text, run
         if run.startswith("toy-sft"):
             assert f"results/toy-starts/seed{run[7]}" in re.search(r"input: .*", text).group(0), run
-    def training(text):  # the command but its names: run, output folder, method key, W&B group, tables
-        command = re.search(r"bfspo train .*? >>", text).group(0)
-        return re.sub(r" --(set (run_name|method_key|wandb_group)=\S+|set 'tables=[^']*'|output-dir \S+)", "", command)
-
-    default = {re.search(r"wildcards: run=(\S+)", t).group(1): t for r, t in jobs(dry_run("-p")) if r == "train"}
-    at_60 = {re.search(r"wildcards: run=(\S+)", t).group(1): t
-             for r, t in jobs(dry_run("-p", "--configfile", "config/toy-starts-60.yaml")) if r == "train"}
+    default, at_30, at_60 = (training_commands(f"config/{c}.yaml") for c in ("config", "toy-starts", "toy-starts-60"))
     for method, seed in (("dapo", 1), ("bfspo", 2)):
-        ours, study = training(default[f"toy_toy_{method}_s{seed}"]), training(at_60[f"toy_toy_{method}-s60_s{seed}"])
+        ours, study = default[f"results/runs/toy_toy_{method}_s{seed}"], at_60[f"results/runs/toy_toy_{method}-s60_s{seed}"]
         assert "--set steps=60" in ours and ours == study
-        assert training(trained[f"toy_toy_{method}-s30_s{seed}"]) == ours.replace("steps=60", "steps=30")
+        assert at_30[f"results/runs/toy_toy_{method}-s30_s{seed}"] == ours.replace("steps=60", "steps=30")
 
 
 def test_the_toy_rules_pin_the_cpu_numerics_of_every_toy_job_and_no_other():
@@ -912,16 +916,6 @@ BAD = {  # one config with each kind of problem: (base, edit(config, tmp_path), 
 }
 
 
-@functools.cache
-def _training_commands(configfile: str) -> dict[str, str]:
-    """Each train job of `configfile`'s dry run: its output folder -> its command but the names that
-    do not change what is trained (run name, method key, W&B group, tables)."""
-    return {re.search(r"--output-dir (\S+)", t).group(1):
-            re.sub(r" --set (run_name|method_key|wandb_group)=\S+| --set 'tables=[^']*'", "",
-                   re.search(r" train --output-dir .*? >>", t).group(0))
-            for r, t in jobs(dry_run("-p", "--configfile", configfile)) if r == "train"}
-
-
 def test_a_run_name_is_one_training_command_in_every_shipped_config():
     """A run is what it trains: two configs that plan one run folder must train it alike (they then
     share it); otherwise the second config's job stops on the first one's run (bfspo.training.run_dir:
@@ -929,7 +923,7 @@ def test_a_run_name_is_one_training_command_in_every_shipped_config():
     `toy_toy_dapo_sN`, toy-paper-reading-hard.yaml and toy-study-hard.yaml two as `toy-hard_toy-hard_dapo_sN`."""
     trained: dict[str, dict[str, str]] = {}
     for configfile in CONFIGS:
-        for folder, command in _training_commands(configfile).items():
+        for folder, command in training_commands(configfile).items():
             trained.setdefault(folder, {})[configfile] = command
     shared = {folder: by for folder, by in trained.items() if len(by) > 1}
     assert "results/runs/toy_toy_dapo-s30_s0" in shared  # toy-paper-reading's, which toy-starts reuses
